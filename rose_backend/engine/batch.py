@@ -1,0 +1,46 @@
+"""A packed batch on the host: every sequence's token ids end to end, plus their lengths."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class PackedBatch:
+    input_ids: np.ndarray            # [T] int32, sequences end to end, no padding
+    seq_lens: np.ndarray             # [S] int32, each >= 1, summing to T
+
+    def __post_init__(self):
+        if self.input_ids.ndim != 1 or self.seq_lens.ndim != 1:
+            raise ValueError("input_ids and seq_lens must be 1-D")
+        if int(self.seq_lens.sum()) != self.input_ids.shape[0]:
+            raise ValueError(f"seq_lens sum to {int(self.seq_lens.sum())} but there are "
+                             f"{self.input_ids.shape[0]} token ids")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def max_seqlen(self) -> int:
+        return int(self.seq_lens.max())
+
+    def cu_seqlens(self) -> np.ndarray:
+        """[S + 1] int32 offsets: sequence i owns tokens cu[i]:cu[i+1]."""
+        cu = np.zeros(self.num_seqs + 1, dtype=np.int32)
+        np.cumsum(self.seq_lens, out=cu[1:])
+        return cu
+
+    def positions(self) -> np.ndarray:
+        """[T] int32 position of each token within its own sequence (restarting at 0)."""
+        cu = self.cu_seqlens()
+        return (np.arange(self.num_tokens, dtype=np.int32) - np.repeat(cu[:-1], self.seq_lens)).astype(np.int32)
+
+    def seq_ids(self) -> np.ndarray:
+        """[T] int64 index of the sequence each token belongs to."""
+        return np.repeat(np.arange(self.num_seqs, dtype=np.int64), self.seq_lens)

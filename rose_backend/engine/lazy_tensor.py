@@ -1,0 +1,43 @@
+"""LazyTensor: a handle on a result that may still be on its way from the device.
+
+On CUDA, `launch(src)` queues an async copy of `src` into a page-locked host buffer on the current
+stream, behind the forward pass that produced it, and records an event after the copy. The event
+firing therefore means both "the forward pass is done" and "the bytes are on the host".
+`ready()` polls the event and never blocks; `synchronize()` is the only blocking call.
+On the CPU the copy is immediate and the handle is ready at once; the interface is the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class LazyTensor:
+    __slots__ = ("_host", "_event", "_rows")
+
+    def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", rows: int):
+        self._host, self._event, self._rows = host, event, rows
+
+    @classmethod
+    def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None) -> "LazyTensor":
+        """Queue src[:rows] -> host. `host`, if given, is a (pinned) buffer of at least src's shape
+        that nothing else writes until this handle is synchronized."""
+        rows = src.shape[0] if rows is None else rows
+        if src.device.type != "cuda":
+            return cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
+        if host is None:
+            host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        host[:rows].copy_(src[:rows], non_blocking=True)      # cudaMemcpyAsync behind the forward pass
+        event = torch.cuda.Event()
+        event.record()
+        return cls(host, event, rows)
+
+    def ready(self) -> bool:
+        """True once the result is on the host. Never blocks."""
+        return self._event is None or self._event.query()
+
+    def synchronize(self) -> np.ndarray:
+        """Block until the result is on the host; return it as float32 [rows, ...] (a copy)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host[: self._rows].float().numpy().copy()

@@ -1,0 +1,1 @@
+"""Building blocks of the packed forward passes: attention backends, norms, activations."""

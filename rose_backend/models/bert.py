@@ -1,0 +1,142 @@
+"""BERT / RoBERTa / XLM-RoBERTa encoders on packed tokens.
+
+One forward pass takes every sequence of a batch end to end: input_ids [T], positions [T]
+(restarting at 0 for each sequence), and returns hidden states [T, H]. The attention backend holds
+the per-batch layout (cu_seqlens), planned by the engine before the pass.
+
+Per layer: fused QKV projection, ragged attention, output projection, add+LayerNorm,
+up projection, GELU, down projection, add+LayerNorm.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rose_backend.config import ModelConfig
+from rose_backend.layers.activation import activation
+from rose_backend.layers.attention import AttentionBackend, AttentionShape, make_backend
+from rose_backend.layers.norm import AddLayerNorm
+from rose_backend.loading import iter_safetensors, strip_prefix
+
+_PREFIXES = ("bert.", "roberta.", "model.", "0.auto_model.")
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, f = cfg.hidden_size, cfg.intermediate_size
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = nn.Linear(h, 3 * h)
+        self.o_proj = nn.Linear(h, h)
+        self.attn_norm = AddLayerNorm(h, eps=cfg.norm_eps)
+        self.ffn_up = nn.Linear(h, f)
+        self.ffn_down = nn.Linear(f, h)
+        self.ffn_norm = AddLayerNorm(h, eps=cfg.norm_eps)
+        self.act = activation(cfg.hidden_act)
+        self.attn: AttentionBackend | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
+        a = self.attn.run(q, k, v).reshape(t, -1)                                     # [T, H]
+        x = self.attn_norm(self.o_proj(a), x)
+        return self.ffn_norm(self.ffn_down(self.act(self.ffn_up(x))), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        # Position table starting at position 0 of a sequence; XLM-R's pad offset and the
+        # token-type-0 embedding are folded in at load time (one add instead of two, no gather).
+        self.embed_positions = nn.Embedding(cfg.max_position_embeddings - cfg.position_offset, h)
+        self.embed_norm = AddLayerNorm(h, eps=cfg.norm_eps)
+        self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
+        self.attn: AttentionBackend | None = None
+
+    def set_attention_backend(self, name_or_backend: str | AttentionBackend) -> AttentionBackend:
+        if isinstance(name_or_backend, str):
+            device = self.embed_tokens.weight.device
+            shape = AttentionShape(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
+                                   self.embed_tokens.weight.dtype, causal=False)
+            name_or_backend = make_backend(name_or_backend, shape, device)
+        self.attn = name_or_backend
+        for layer in self.layers:
+            layer.attn = name_or_backend
+        return name_or_backend
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_norm(self.embed_tokens(input_ids), self.embed_positions(positions))
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    @torch.no_grad()
+    def load_from_folder(self, model_dir: Path) -> None:
+        cfg = self.cfg
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        qkv_parts: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+        type0 = None
+        for raw_name, w in iter_safetensors(model_dir):
+            name = strip_prefix(raw_name, _PREFIXES)
+            if name.startswith(("pooler.", "lm_head", "cls.")) or name.endswith("position_ids"):
+                continue
+            if name == "embeddings.token_type_embeddings.weight":
+                type0 = w[0]
+                continue
+            if name == "embeddings.position_embeddings.weight":
+                pos = w[cfg.position_offset:]
+                params["embed_positions.weight"][: pos.shape[0]].copy_(pos)
+                loaded.add("embed_positions.weight")
+                continue
+            parts = name.split(".")
+            if parts[0] == "encoder" and parts[3:5] == ["attention", "self"]:   # encoder.layer.<i>.attention.self.<q|k|v>.<w|b>
+                i, which, kind = int(parts[2]), parts[5], parts[6]
+                qkv_parts.setdefault(i, {}).setdefault(kind, {})[which] = w
+                continue
+            target = _map_name(name)
+            if target is None:
+                raise KeyError(f"{model_dir}: unexpected weight {raw_name!r} for a {cfg.model_type} model")
+            params[target].copy_(w)
+            loaded.add(target)
+        for i, kinds in qkv_parts.items():
+            for kind, qkv in kinds.items():
+                target = f"layers.{i}.qkv.{kind}"
+                params[target].copy_(torch.cat([qkv["query"], qkv["key"], qkv["value"]], dim=0))
+                loaded.add(target)
+        if type0 is not None:
+            params["embed_positions.weight"].add_(type0)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise KeyError(f"{model_dir}: weights missing from the safetensors files: {missing[:8]}")
+
+
+def _map_name(name: str) -> str | None:
+    """Hugging Face BERT parameter name -> this module's name (None if unknown)."""
+    fixed = {
+        "embeddings.word_embeddings.weight": "embed_tokens.weight",
+        "embeddings.LayerNorm.weight": "embed_norm.weight",
+        "embeddings.LayerNorm.bias": "embed_norm.bias",
+    }
+    if name in fixed:
+        return fixed[name]
+    parts = name.split(".")
+    if parts[0] != "encoder" or len(parts) < 5:
+        return None
+    i, rest = parts[2], ".".join(parts[3:])
+    per_layer = {
+        "attention.output.dense": "o_proj",
+        "attention.output.LayerNorm": "attn_norm",
+        "intermediate.dense": "ffn_up",
+        "output.dense": "ffn_down",
+        "output.LayerNorm": "ffn_norm",
+    }
+    module, _, kind = rest.rpartition(".")
+    if module not in per_layer:
+        return None
+    return f"layers.{i}.{per_layer[module]}.{kind}"
