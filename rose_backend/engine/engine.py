@@ -1,22 +1,27 @@
 """Engine: step(batch) -> LazyTensor.
 
-The engine owns the model, its device and the per-batch work around the forward pass: building
-device tensors from a PackedBatch, planning the attention backend, pooling, normalizing, and
-queueing the copy back. On the GPU, configurations are replayed from CUDA graphs (see
-graph_cache.py when present); on the CPU every step runs eagerly and returns a ready handle.
+The engine owns the model, its device and the per-batch work around the forward pass: staging the
+batch in pinned memory, one host-to-device copy into static buffers, planning the attention
+backend (outside any graph), the forward pass (eager, captured, or replayed from a CUDA graph),
+pooling, normalizing, and queueing the copy back into a pinned buffer behind an event.
+On the CPU the same code runs eagerly (graphs off by default) and returns ready handles.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rose_backend.config import ModelConfig
+from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.batch import PackedBatch
+from rose_backend.engine.graph_cache import GraphCache, Key
 from rose_backend.engine.lazy_tensor import LazyTensor
-from rose_backend.layers.attention import AttentionMetadata
+from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
+                                           available_backends, backend_class, make_backend)
 from rose_backend.models import build_model
 from rose_backend.models.pooling import maybe_normalize, pool
 
@@ -26,11 +31,41 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class EngineStats:
     batches: int = 0
-    tokens: int = 0
+    tokens: int = 0                  # real tokens
     sequences: int = 0
-    eager_runs: int = 0
+    eager_runs: int = 0              # each batch is exactly one of eager_runs / graph_captures / graph_replays
     graph_captures: int = 0
     graph_replays: int = 0
+    padded_tokens: int = 0           # tokens run including bucket padding
+    unbucketed_runs: int = 0         # batches larger than every bucket (eager, unpadded; part of eager_runs)
+    capture_refused: int = 0         # captures skipped because the graph memory cap was reached
+    graphs: int = 0                  # graphs held now
+    graph_memory_bytes: int = 0      # allocator bytes reserved by graphs and their pool
+    capture_seconds: float = 0.0     # host time spent capturing
+    startup_seconds: float = 0.0     # Engine() construction, weights and pre-capture included
+
+
+class _Slot:
+    """One entry of the ring of pinned host buffers (inputs staged, outputs returned)."""
+
+    def __init__(self, words: int, out_rows: int, dim: int, pinned: bool):
+        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)   # see Engine._layout
+        self.np = self.staging.numpy()
+        self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
+        self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
+        self.lt: LazyTensor | None = None
+
+
+class _Views:
+    """Device views of one configuration (Sb, Tb) into the engine's static input buffer."""
+    __slots__ = ("ids", "pos", "seq", "cu", "inv", "words")
+
+    def __init__(self, buf: torch.Tensor, sb: int, tb: int):
+        o = 3 * tb
+        self.ids, self.pos, self.seq = buf[:tb], buf[tb:2 * tb], buf[2 * tb:o]   # [Tb] int32 each
+        self.cu = buf[o:o + sb + 2]                                              # [Sb + 2] int32
+        self.inv = buf[o + sb + 2:o + 2 * sb + 3].view(torch.float32).unsqueeze(1)  # [Sb + 1, 1] f32
+        self.words = o + 2 * sb + 3
 
 
 class Engine:
@@ -38,43 +73,229 @@ class Engine:
 
     >>> eng = Engine(ModelConfig.from_folder(None))
     >>> emb = eng.step(PackedBatch(ids, lens)).synchronize()     # [S, D] float32
+
+    Arguments (all but cfg have defaults):
+        device        "cpu", "cuda", "cuda:1", ... (the serving layer passes Triton's device id)
+        dtype         default bf16 on CUDA, float32 on the CPU
+        attention     a backend name (attention.py) for every batch, or None / "auto": per
+                      configuration from the measured table (backend_table.py), CPU: sdpa_loop
+        graphs        CUDA graphs with lazy capture; default on for CUDA, off on the CPU (on the
+                      CPU, True runs the same bucketed static-buffer path with a stand-in graph)
+        max_tokens    largest token bucket (batches beyond run eagerly, unpadded); default 65536
+        max_seqs      largest sequence-count bucket (powers of two); default 512
+        max_inflight  handles the caller keeps outstanding; the pinned ring has max_inflight + 1
+                      slots. A handle neither synchronized nor ready when its slot comes round
+                      again is detached (waited for) first, so results are never overwritten.
+        graph_memory_cap_bytes  stop capturing new graphs once graphs hold this much (None: no cap);
+                      see graph_cache.py for the policy
+        precapture    [(num_seqs, num_tokens), ...] configurations to warm and capture at start-up
+        backend_table a BackendTable or a path to its JSON (default: engine/attention_table.json)
+    Each batch is run as exactly one of: eager (first sight of a configuration, or graphs off),
+    capture (second sight: capture then replay), replay; `stats` counts them.
     """
 
     def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, attention: str | None = None):
+                 dtype: torch.dtype | None = None, attention: str | None = None, *,
+                 graphs: bool | None = None, max_tokens: int = 65536, max_seqs: int = 512,
+                 max_inflight: int = 2, graph_memory_cap_bytes: int | None = None,
+                 precapture: list[tuple[int, int]] | tuple = (),
+                 backend_table: BackendTable | str | None = None):
+        t0 = time.perf_counter()
         self.cfg = cfg
         self.device = torch.device(device)
-        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.attention = attention or "sdpa_loop"
-        self.model = build_model(cfg, self.device, self.dtype, self.attention)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.device)
+        self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+        self.attention = None if attention in (None, "auto") else attention
+        self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
+        self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
+        self._backends: dict[str, AttentionBackend] = {}
+        if self.attention is not None:
+            self._backend(self.attention)                     # fail early on a backend that cannot run
+            self.available = [self.attention]
+        else:
+            avail = available_backends(self.shape, self.device)
+            graphable = [n for n in avail if not cuda or backend_class(n).supports_cuda_graphs]
+            self.available = graphable or avail
+        if isinstance(backend_table, BackendTable):
+            self.table = backend_table
+        else:
+            self.table = BackendTable.load(backend_table)
+        self.max_len = cfg.max_position_embeddings - cfg.position_offset
+        self.graphs_on = cuda if graphs is None else bool(graphs)
+        self.graphs = GraphCache(max_tokens, max_seqs, graph_memory_cap_bytes, enabled=self.graphs_on)
+        tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
+        words = 3 * tb + 2 * sb + 3
+        self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
+        self._views: dict[Key, _Views] = {}
+        self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
+        self._next_slot = 0
         self.stats = EngineStats()
+        self.graphs.start(self.device)
+        if precapture:
+            self.precapture(precapture)
+        self.stats.startup_seconds = time.perf_counter() - t0
 
     @property
     def embedding_dim(self) -> int:
         return self.cfg.embedding_dim
 
+    # ---- backends ----
+    def _backend(self, name: str) -> AttentionBackend:
+        be = self._backends.get(name)
+        if be is None:
+            be = self._backends[name] = make_backend(name, self.shape, self.device)
+        return be
+
+    def backend_for(self, seqs: int, tokens: int) -> str:
+        """The attention backend this engine runs for a configuration."""
+        if self.attention is not None:
+            return self.attention
+        return self.table.choose(self.shape.key, seqs, tokens, self.available)
+
+    def _use(self, name: str) -> AttentionBackend:
+        be = self._backend(name)
+        if self.model.attn is not be:
+            self.model.set_attention_backend(be)
+        return be
+
+    # ---- the step ----
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Launch the forward pass of `batch` and return a handle on its [S, D] embeddings."""
-        self.stats.batches += 1
-        self.stats.tokens += batch.num_tokens
-        self.stats.sequences += batch.num_seqs
-        self.stats.eager_runs += 1
+        s, t = batch.num_seqs, batch.num_tokens
+        if s == 0:
+            return LazyTensor(torch.zeros(0, self.embedding_dim), None, 0)
+        if batch.max_seqlen > self.max_len:
+            raise ValueError(f"a sequence of {batch.max_seqlen} tokens is longer than this model's "
+                             f"{self.max_len} positions; truncate it (the tokenizer's max_seq_length)")
+        st = self.stats
+        st.batches += 1
+        st.tokens += t
+        st.sequences += s
+        slot = self._take_slot()
+        key = self.graphs.key_for(s, t) if (self.graphs_on or self.device.type == "cuda") else None
         with torch.inference_mode():
-            out = self._forward_eager(batch)
-        return LazyTensor.launch(out, batch.num_seqs)
+            if key is None:
+                out = self._run_unpadded(batch, slot)
+            else:
+                out = self._run_static(batch, key, slot)
+        lt = LazyTensor.launch(out, s, host=slot.out if s <= slot.out.shape[0] else None)
+        slot.lt = lt
+        return lt
 
-    def _forward_eager(self, batch: PackedBatch) -> torch.Tensor:
+    def _take_slot(self) -> _Slot:
+        slot = self._slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self._slots)
+        if slot.lt is not None and not slot.lt.done:
+            slot.lt.detach()                    # caller holds more than max_inflight handles
+        if slot.copied is not None:
+            slot.copied.synchronize()           # the staging's last host-to-device copy has run
+        return slot
+
+    def _stage(self, batch: PackedBatch, sb: int, tb: int, slot: _Slot) -> int:
+        """Write the padded layout of `batch` for (sb, tb) into slot's pinned staging; return words."""
+        s, t = batch.num_seqs, batch.num_tokens
+        lens = batch.seq_lens.astype(np.int32)
+        a = slot.np
+        a[:t] = batch.input_ids
+        a[t:tb] = self.cfg.pad_token_id
+        a[tb:tb + t] = batch.positions()
+        a[tb + t:2 * tb] = 0
+        a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
+        a[2 * tb + t:3 * tb] = sb                                 # padding rows pool into the dummy
+        o = 3 * tb
+        cu = a[o:o + sb + 2]
+        cu[0] = 0
+        np.cumsum(lens, out=cu[1:s + 1])
+        cu[s + 1:sb + 1] = t                                      # empty sequences
+        cu[sb + 1] = tb                                           # the dummy holds the padding
+        inv = a[o + sb + 2:o + 2 * sb + 3].view(np.float32)
+        inv[:s] = 1.0 / lens
+        inv[s:] = 0.0
+        return o + 2 * sb + 3
+
+    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot) -> torch.Tensor:
+        sb, tb = key
+        st = self.stats
+        v = self._views.get(key)
+        if v is None:
+            v = self._views[key] = _Views(self._static, sb, tb)
+        words = self._stage(batch, sb, tb, slot)
+        self._static[:words].copy_(slot.staging[:words], non_blocking=True)
+        be = self._use(self.backend_for(sb, tb))
+        o = 3 * tb
+        cu_host = slot.staging[o:o + sb + 2]
+        lens = np.diff(slot.np[o:o + sb + 2]).tolist()
+        # max_seqlen is baked into captured launches: a fixed bound per configuration (real
+        # sequences fit the model's positions; the dummy holds < 256 tokens of padding)
+        be.plan(AttentionMetadata(v.cu, min(tb, max(self.max_len, 256)), lens,
+                                  self.cfg.causal, graph_key=key, cu_seqlens_host=cu_host))
+        if self.device.type == "cuda":
+            if slot.copied is None:
+                slot.copied = torch.cuda.Event()
+            slot.copied.record()
+        st.padded_tokens += tb
+        action = self.graphs.action(key)
+        if action != "eager" and self.device.type == "cuda" and not be.supports_cuda_graphs:
+            action = "eager"
+        if action == "eager":
+            st.eager_runs += 1
+            st.capture_refused = self.graphs.refused
+            return self._forward(v)
+        if action == "capture":
+            t0 = time.perf_counter()
+            self.graphs.capture(key, lambda: self._forward(v))
+            st.capture_seconds += time.perf_counter() - t0
+            st.graph_captures += 1
+            st.graphs = self.graphs.num_captured
+            st.graph_memory_bytes = self.graphs.graph_bytes()
+        else:
+            st.graph_replays += 1
+        return self.graphs.replay(key)
+
+    def _forward(self, v: _Views) -> torch.Tensor:
+        hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
+        emb = pool(hidden, v.cu, v.seq, v.inv, self.cfg.pooling)              # [Sb + 1, H] float32
+        return maybe_normalize(emb, self.cfg.normalize)
+
+    def _run_unpadded(self, batch: PackedBatch, slot: _Slot) -> torch.Tensor:
+        """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
         dev = self.device
+        st = self.stats
+        st.eager_runs += 1
+        st.padded_tokens += batch.num_tokens
+        if self.device.type == "cuda":
+            st.unbucketed_runs += 1
         lens = batch.seq_lens
-        ids = torch.from_numpy(batch.input_ids.astype(np.int64)).to(dev)
-        positions = torch.from_numpy(batch.positions().astype(np.int64)).to(dev)
-        cu = torch.from_numpy(batch.cu_seqlens()).to(dev)
+        cu_np = batch.cu_seqlens()
+        ids = torch.from_numpy(batch.input_ids.astype(np.int32)).to(dev)
+        positions = torch.from_numpy(batch.positions()).to(dev)
+        cu_host = torch.from_numpy(cu_np)
+        cu = cu_host.to(dev)
         seq_ids = torch.from_numpy(batch.seq_ids()).to(dev)
         inv_lens = torch.from_numpy((1.0 / lens.astype(np.float32))[:, None]).to(dev)
-        self.model.attn.plan(AttentionMetadata(cu, batch.max_seqlen, lens.tolist(), self.cfg.causal))
+        s_b = self.graphs.s_buckets
+        be = self._use(self.backend_for(min(batch.num_seqs, s_b[-1]), batch.num_tokens))
+        be.plan(AttentionMetadata(cu, batch.max_seqlen, lens.tolist(), self.cfg.causal,
+                                  cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
         emb = pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling)           # [S, H] float32
         return maybe_normalize(emb, self.cfg.normalize)
+
+    # ---- helpers ----
+    def precapture(self, configs) -> None:
+        """Warm and capture each (num_seqs, num_tokens) configuration now (two steps each)."""
+        rng = np.random.default_rng(0)
+        for s, t in configs:
+            t = max(t, s)
+            lens = np.full(s, t // s, dtype=np.int32)
+            lens[: t % s] += 1
+            ids = rng.integers(0, self.cfg.vocab_size, size=t, dtype=np.int32)
+            for _ in range(2):
+                self.step(PackedBatch(ids, lens)).synchronize()
 
     def embed(self, token_lists: list[list[int]]) -> np.ndarray:
         """Convenience for tests and tools: token id lists -> [n, D] float32, in one batch."""

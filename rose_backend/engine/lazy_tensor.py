@@ -5,6 +5,10 @@ stream, behind the forward pass that produced it, and records an event after the
 firing therefore means both "the forward pass is done" and "the bytes are on the host".
 `ready()` polls the event and never blocks; `synchronize()` is the only blocking call.
 On the CPU the copy is immediate and the handle is ready at once; the interface is the same.
+
+The host buffer may belong to a ring the engine reuses: before reusing it, the engine calls
+`detach()` on a handle that was never synchronized, which waits and moves the rows into memory
+of the handle's own (a slow path that a caller holding at most `max_inflight` handles never takes).
 """
 from __future__ import annotations
 
@@ -13,15 +17,16 @@ import torch
 
 
 class LazyTensor:
-    __slots__ = ("_host", "_event", "_rows")
+    __slots__ = ("_host", "_event", "_rows", "done")
 
     def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", rows: int):
         self._host, self._event, self._rows = host, event, rows
+        self.done = event is None
 
     @classmethod
     def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None) -> "LazyTensor":
         """Queue src[:rows] -> host. `host`, if given, is a (pinned) buffer of at least src's shape
-        that nothing else writes until this handle is synchronized."""
+        that nothing else writes until this handle is synchronized or detached."""
         rows = src.shape[0] if rows is None else rows
         if src.device.type != "cuda":
             return cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
@@ -34,10 +39,20 @@ class LazyTensor:
 
     def ready(self) -> bool:
         """True once the result is on the host. Never blocks."""
-        return self._event is None or self._event.query()
+        return self.done or self._event.query()
 
     def synchronize(self) -> np.ndarray:
         """Block until the result is on the host; return it as float32 [rows, ...] (a copy)."""
         if self._event is not None:
             self._event.synchronize()
-        return self._host[: self._rows].float().numpy().copy()
+        out = self._host[: self._rows].float().numpy().copy()
+        self._host, self._event, self.done = torch.from_numpy(out), None, True   # the ring may reuse the buffer now
+        return out.copy()
+
+    def detach(self) -> None:
+        """Wait for the copy and keep the rows in memory of our own, freeing the shared buffer."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._host = self._host[: self._rows].clone()
+            self._event = None
+        self.done = True

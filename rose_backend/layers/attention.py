@@ -2,14 +2,26 @@
 
 A backend is planned once per batch (outside any CUDA graph; it may write into fixed buffers) and
 run once per layer. Inputs are packed: every sequence of the batch end to end on one token axis,
-sequence i owning rows cu_seqlens[i]:cu_seqlens[i+1]; no padding and no mask.
+sequence i owning rows cu_seqlens[i]:cu_seqlens[i+1]; no padding and no mask. Empty sequences
+(length 0) are allowed: the engine pads a graph configuration with them.
 
-    backend.plan(meta)                 # once per batch
+    backend.plan(meta)                 # once per batch, outside any graph
     out = backend.run(q, k, v)         # per layer; q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
+
+Backends (the registry names; GPU ones are imported only when first made):
+    sdpa_loop        any device, one SDPA call per sequence on the host; the CPU path and reference
+    torch_varlen     torch.nn.attention.varlen.varlen_attn (FlashAttention-2 inside torch), CUDA
+    flash_attn       flash_attn.flash_attn_varlen_func, when the flash-attn package is installed
+    flashinfer       flashinfer BatchPrefillWithRaggedKVCacheWrapper, fa2 kernels, CUDA-graph mode
+    flashinfer_fa3   the same wrapper with the Hopper fa3 kernels
+Graph limits: a backend with `supports_cuda_graphs` may be captured once `plan` has run for a
+configuration (`meta.graph_key`); replays must be preceded by a `plan` of the same key.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Hashable
 
 import torch
 import torch.nn.functional as F
@@ -19,12 +31,19 @@ import torch.nn.functional as F
 class AttentionMetadata:
     """Per-batch layout of a packed batch, set by the engine before the forward pass."""
     cu_seqlens: torch.Tensor          # [S + 1] int32, on the model's device
-    max_seqlen: int
+    max_seqlen: int                   # an upper bound on the longest sequence (exact when eager)
     seq_lens: list[int]               # host copy of the lengths (for paths that loop on the host)
     causal: bool = False
+    graph_key: Hashable | None = None  # set when cu_seqlens is a graph configuration's fixed buffer
+    cu_seqlens_host: torch.Tensor | None = None   # [S + 1] int32 on the CPU (planning without a sync)
+
+    def host_cu(self) -> torch.Tensor:
+        if self.cu_seqlens_host is None:
+            self.cu_seqlens_host = self.cu_seqlens.to("cpu")
+        return self.cu_seqlens_host
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class AttentionShape:
     num_heads: int
     num_kv_heads: int
@@ -32,15 +51,29 @@ class AttentionShape:
     dtype: torch.dtype
     causal: bool = False
 
+    @property
+    def key(self) -> str:
+        """Short name of the shape for the backend table, e.g. 'h16kv16d64' (+ 'c' when causal)."""
+        return f"h{self.num_heads}kv{self.num_kv_heads}d{self.head_dim}" + ("c" if self.causal else "")
+
 
 class AttentionBackend:
-    """Base class. Subclasses set `name` and implement `plan` and `run`."""
+    """Base class. Subclasses set `name` and implement `run` (and `plan` when they precompute)."""
     name = "base"
     supports_cuda_graphs = False
+    device_types: tuple[str, ...] = ("cpu", "cuda")
 
     def __init__(self, shape: AttentionShape, device: torch.device):
-        self.shape, self.device = shape, device
+        self.shape, self.device = shape, torch.device(device)
         self.meta: AttentionMetadata | None = None
+        self.scale = shape.head_dim ** -0.5
+
+    @classmethod
+    def unavailable_reason(cls, shape: AttentionShape, device: torch.device) -> str | None:
+        """None if this backend can run `shape` on `device`, else why not (for errors and the sweep)."""
+        if torch.device(device).type not in cls.device_types:
+            return f"{cls.name} runs on {cls.device_types}, not {torch.device(device).type}"
+        return None
 
     def plan(self, meta: AttentionMetadata) -> None:
         self.meta = meta
@@ -64,6 +97,8 @@ class SdpaLoopBackend(AttentionBackend):
         start = 0
         for n in meta.seq_lens:
             end = start + n
+            if n == 0:
+                continue
             # [L, H, D] -> [H, L, D]
             qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
             if groups > 1:
@@ -72,10 +107,19 @@ class SdpaLoopBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal)
             out[start:end] = o.transpose(0, 1)
             start = end
+        if start < q.shape[0]:              # rows no sequence owns: keep them finite
+            out[start:].zero_()
         return out
 
 
-BACKENDS: dict[str, type[AttentionBackend]] = {SdpaLoopBackend.name: SdpaLoopBackend}
+# name -> class, or "module:Class" for backends whose module imports GPU packages (made lazily)
+BACKENDS: dict[str, type[AttentionBackend] | str] = {
+    SdpaLoopBackend.name: SdpaLoopBackend,
+    "torch_varlen": "rose_backend.layers.attention_gpu:TorchVarlenBackend",
+    "flash_attn": "rose_backend.layers.attention_gpu:FlashAttnVarlenBackend",
+    "flashinfer": "rose_backend.layers.attention_gpu:FlashInferBackend",
+    "flashinfer_fa3": "rose_backend.layers.attention_gpu:FlashInferFa3Backend",
+}
 
 
 def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
@@ -83,7 +127,31 @@ def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
     return cls
 
 
-def make_backend(name: str, shape: AttentionShape, device: torch.device) -> AttentionBackend:
+def backend_class(name: str) -> type[AttentionBackend]:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; available: {sorted(BACKENDS)}")
-    return BACKENDS[name](shape, device)
+    entry = BACKENDS[name]
+    if isinstance(entry, str):
+        module, _, cls_name = entry.partition(":")
+        entry = BACKENDS[name] = getattr(importlib.import_module(module), cls_name)
+    return entry
+
+
+def unavailable_reason(name: str, shape: AttentionShape, device: torch.device | str) -> str | None:
+    """None if backend `name` can run `shape` on `device` here, else a message saying why not."""
+    try:
+        cls = backend_class(name)
+    except ValueError as e:
+        return str(e)
+    return cls.unavailable_reason(shape, torch.device(device))
+
+
+def available_backends(shape: AttentionShape, device: torch.device | str) -> list[str]:
+    return [n for n in BACKENDS if unavailable_reason(n, shape, device) is None]
+
+
+def make_backend(name: str, shape: AttentionShape, device: torch.device | str) -> AttentionBackend:
+    why = unavailable_reason(name, shape, device)
+    if why is not None:
+        raise ValueError(f"attention backend {name!r} cannot run here: {why}")
+    return backend_class(name)(shape, torch.device(device))

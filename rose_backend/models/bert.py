@@ -4,8 +4,10 @@ One forward pass takes every sequence of a batch end to end: input_ids [T], posi
 (restarting at 0 for each sequence), and returns hidden states [T, H]. The attention backend holds
 the per-batch layout (cu_seqlens), planned by the engine before the pass.
 
-Per layer: fused QKV projection, ragged attention, output projection, add+LayerNorm,
-up projection, GELU, down projection, add+LayerNorm.
+Per layer, seven kernels on CUDA: fused QKV projection (GEMM with bias epilogue), ragged attention
+(one kernel), output projection, add+LayerNorm (one Triton kernel), up projection with the GELU in
+the cuBLASLt epilogue, down projection, add+LayerNorm. The embedding gathers, their add and the
+LayerNorm are one more kernel per forward pass.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 
 from rose_backend.config import ModelConfig
-from rose_backend.layers.activation import activation
+from rose_backend.layers.activation import linear_act
 from rose_backend.layers.attention import AttentionBackend, AttentionShape, make_backend
 from rose_backend.layers.norm import AddLayerNorm
 from rose_backend.loading import iter_safetensors, strip_prefix
@@ -34,7 +36,7 @@ class BertLayer(nn.Module):
         self.ffn_up = nn.Linear(h, f)
         self.ffn_down = nn.Linear(f, h)
         self.ffn_norm = AddLayerNorm(h, eps=cfg.norm_eps)
-        self.act = activation(cfg.hidden_act)
+        self.act_name = cfg.hidden_act
         self.attn: AttentionBackend | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +44,8 @@ class BertLayer(nn.Module):
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
         a = self.attn.run(q, k, v).reshape(t, -1)                                     # [T, H]
         x = self.attn_norm(self.o_proj(a), x)
-        return self.ffn_norm(self.ffn_down(self.act(self.ffn_up(x))), x)
+        h = linear_act(x, self.ffn_up.weight, self.ffn_up.bias, self.act_name)           # [T, F]
+        return self.ffn_norm(self.ffn_down(h), x)
 
 
 class BertEncoder(nn.Module):
@@ -70,7 +73,7 @@ class BertEncoder(nn.Module):
         return name_or_backend
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_norm(self.embed_tokens(input_ids), self.embed_positions(positions))
+        x = self.embed_norm.embed(input_ids, positions, self.embed_tokens, self.embed_positions)  # [T, H]
         for layer in self.layers:
             x = layer(x)
         return x

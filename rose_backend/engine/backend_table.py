@@ -1,0 +1,50 @@
+"""Which attention backend runs which configuration, from measurements.
+
+benchmarks/attention_sweep.py times every backend per (attention shape, sequence-count bucket,
+token bucket) on the GPU and writes attention_table.json beside this file:
+
+    {"device": "NVIDIA H200", "dtype": "bfloat16", "shapes": {
+        "h16kv16d64": [{"seqs": 1, "tokens": 128, "us": {"flashinfer": 9.1, "torch_varlen": 11.0},
+                        "best": "flashinfer", "margin": 1.21}, ...]}}
+
+`choose` takes the measured cell nearest to the configuration (log distance in tokens, then in
+sequences) among the backends that can run here; with no table or no cell for the shape it falls
+back to a fixed preference order. No torch at import.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+TABLE_PATH = Path(__file__).with_name("attention_table.json")
+PREFERENCE = ("flashinfer", "flashinfer_fa3", "flash_attn", "torch_varlen", "sdpa_loop")
+
+
+class BackendTable:
+    def __init__(self, data: dict | None = None):
+        self.data = data or {}
+        self.shapes: dict[str, list[dict]] = self.data.get("shapes", {})
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "BackendTable":
+        path = Path(path) if path else TABLE_PATH
+        if not path.exists():
+            return cls()
+        with open(path) as f:
+            return cls(json.load(f))
+
+    def choose(self, shape_key: str, seqs: int, tokens: int, available: list[str]) -> str:
+        """Backend name for one configuration, among `available` (non-empty)."""
+        if not available:
+            raise ValueError("no attention backend can run here")
+        cells = self.shapes.get(shape_key, [])
+
+        def dist(c):
+            return (abs(math.log2(c["tokens"] / tokens)), abs(math.log2(c["seqs"] / seqs)))
+
+        for cell in sorted(cells, key=dist):
+            times = {n: t for n, t in cell.get("us", {}).items() if n in available and t is not None}
+            if times:
+                return min(times, key=times.get)
+        return next((n for n in PREFERENCE if n in available), available[0])

@@ -1,0 +1,175 @@
+"""CUDA attention backends (see attention.py for the interface). Imported only when one is made,
+so nothing here runs on a machine without the packages; each backend says why it cannot run.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+
+import torch
+
+from rose_backend.layers.attention import AttentionBackend, AttentionMetadata, AttentionShape
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _cuda_reason(cls, shape: AttentionShape, device: torch.device) -> str | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"{cls.name} needs a CUDA device"
+    if shape.dtype not in _HALF:
+        return f"{cls.name} needs bf16 or fp16, got {shape.dtype}"
+    return None
+
+
+class TorchVarlenBackend(AttentionBackend):
+    """torch.nn.attention.varlen.varlen_attn: FlashAttention-2 inside torch, one kernel per layer.
+
+    Graph note: `max_seqlen` is baked into a captured launch (it sets the grid), so a graph
+    configuration plans with an upper bound (the engine passes min(token bucket, model limit)).
+    """
+    name = "torch_varlen"
+    supports_cuda_graphs = True
+    device_types = ("cuda",)
+
+    @classmethod
+    def unavailable_reason(cls, shape, device):
+        why = _cuda_reason(cls, shape, device)
+        if why:
+            return why
+        if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+            return f"torch {torch.__version__} has no torch.nn.attention.varlen"
+        if shape.head_dim % 8 or shape.head_dim > 256:
+            return f"FlashAttention-2 needs head_dim a multiple of 8 up to 256, got {shape.head_dim}"
+        return None
+
+    def __init__(self, shape, device):
+        super().__init__(shape, device)
+        from torch.nn.attention.varlen import varlen_attn
+        self._fn = varlen_attn
+        params = inspect.signature(varlen_attn).parameters
+        self._kw: dict = {}
+        if "scale" in params:
+            self._kw["scale"] = self.scale
+        if shape.causal:
+            if "is_causal" in params:
+                self._kw["is_causal"] = True
+            else:
+                self._kw["window_size"] = (-1, 0)
+        self._expand_kv = shape.num_heads // shape.num_kv_heads if shape.num_kv_heads != shape.num_heads else 1
+        if self._expand_kv > 1 and "enable_gqa" in params:
+            self._kw["enable_gqa"], self._expand_kv = True, 1
+
+    def run(self, q, k, v):
+        m = self.meta
+        if self._expand_kv > 1:
+            k = k.repeat_interleave(self._expand_kv, dim=1)
+            v = v.repeat_interleave(self._expand_kv, dim=1)
+        return self._fn(q, k, v, m.cu_seqlens, m.cu_seqlens, m.max_seqlen, m.max_seqlen, **self._kw)
+
+
+class FlashAttnVarlenBackend(AttentionBackend):
+    """flash_attn.flash_attn_varlen_func (the flash-attn package), when it is installed."""
+    name = "flash_attn"
+    supports_cuda_graphs = True
+    device_types = ("cuda",)
+
+    @classmethod
+    def unavailable_reason(cls, shape, device):
+        why = _cuda_reason(cls, shape, device)
+        if why:
+            return why
+        if importlib.util.find_spec("flash_attn") is None:
+            return "the flash-attn package is not installed (pip install flash-attn)"
+        return None
+
+    def __init__(self, shape, device):
+        super().__init__(shape, device)
+        from flash_attn import flash_attn_varlen_func
+        self._fn = flash_attn_varlen_func
+
+    def run(self, q, k, v):
+        m = self.meta
+        return self._fn(q, k, v, m.cu_seqlens, m.cu_seqlens, m.max_seqlen, m.max_seqlen,
+                        softmax_scale=self.scale, causal=self.shape.causal)
+
+
+class FlashInferBackend(AttentionBackend):
+    """flashinfer's BatchPrefillWithRaggedKVCacheWrapper (fa2 kernels), one kernel per layer.
+
+    Eager batches use one plain wrapper. Each graph configuration (`meta.graph_key`) gets its own
+    wrapper in CUDA-graph mode whose indptr buffers are the configuration's fixed cu_seqlens buffer;
+    its plan runs before every replay (outside the graph) and rewrites the schedule in place.
+    All wrappers of a backend share one float workspace (128 MB) and one int workspace with its
+    pinned mirror; before a plan overwrites the pinned mirror, we wait for the event recorded
+    after the previous plan's host-to-device copy (that copy may still be queued on the stream).
+    Split-KV is off: with no KV cache the query tiles already fill the GPU, and it saves the
+    merge kernel.
+    """
+    name = "flashinfer"
+    flashinfer_backend = "fa2"
+    supports_cuda_graphs = True
+    device_types = ("cuda",)
+    float_workspace_bytes = 128 << 20
+    int_workspace_bytes = 8 << 20
+
+    @classmethod
+    def unavailable_reason(cls, shape, device):
+        why = _cuda_reason(cls, shape, device)
+        if why:
+            return why
+        if importlib.util.find_spec("flashinfer") is None:
+            return "flashinfer is not installed (pip install flashinfer-python)"
+        if shape.head_dim not in (64, 128, 256):
+            return f"flashinfer prefill kernels are built for head_dim 64/128/256, got {shape.head_dim}"
+        if cls.flashinfer_backend == "fa3" and torch.cuda.get_device_capability(device)[0] != 9:
+            return "flashinfer's fa3 kernels need a Hopper GPU (sm_90)"
+        return None
+
+    def __init__(self, shape, device):
+        super().__init__(shape, device)
+        import flashinfer
+        self._fi = flashinfer
+        self._float_ws = torch.empty(self.float_workspace_bytes, dtype=torch.uint8, device=self.device)
+        self._int_ws = torch.empty(self.int_workspace_bytes, dtype=torch.uint8, device=self.device)
+        self._pinned_ws = torch.empty(self.int_workspace_bytes, dtype=torch.uint8, pin_memory=True)
+        self._plan_done: torch.cuda.Event | None = None
+        self._eager = self._wrapper(graph=False)
+        self._graphs: dict = {}
+        self._active = self._eager
+
+    def _wrapper(self, graph: bool, cu: torch.Tensor | None = None):
+        w = self._fi.BatchPrefillWithRaggedKVCacheWrapper(
+            self._float_ws, "NHD", use_cuda_graph=graph, qo_indptr_buf=cu, kv_indptr_buf=cu,
+            backend=self.flashinfer_backend)
+        # share the int workspace and its pinned mirror (8 MB each per wrapper otherwise)
+        w._int_workspace_buffer, w._pin_memory_int_workspace_buffer = self._int_ws, self._pinned_ws
+        return w
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        self.meta = meta
+        if meta.graph_key is None:
+            w = self._eager
+        else:
+            w = self._graphs.get(meta.graph_key)
+            if w is None:
+                w = self._graphs[meta.graph_key] = self._wrapper(graph=True, cu=meta.cu_seqlens)
+        if self._plan_done is not None:
+            self._plan_done.synchronize()       # the pinned mirror's previous copy has left
+        cu = meta.host_cu()
+        s = self.shape
+        w.plan(cu, cu, s.num_heads, s.num_kv_heads, s.head_dim, causal=s.causal,
+               sm_scale=self.scale, q_data_type=s.dtype, kv_data_type=s.dtype,
+               disable_split_kv=True)
+        if self._plan_done is None:
+            self._plan_done = torch.cuda.Event()
+        self._plan_done.record()
+        self._active = w
+
+    def run(self, q, k, v):
+        return self._active.run(q, k, v)
+
+
+class FlashInferFa3Backend(FlashInferBackend):
+    """The same wrapper on flashinfer's Hopper (fa3) kernels."""
+    name = "flashinfer_fa3"
+    flashinfer_backend = "fa3"

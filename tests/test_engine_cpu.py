@@ -1,0 +1,113 @@
+"""Engine on the CPU: the bucketed static-buffer path (stand-in graphs) equals plain eager, the
+pinned ring never hands back another batch's rows, and backend selection follows the table."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rose_backend.config import ModelConfig
+from rose_backend.engine.backend_table import BackendTable
+from rose_backend.engine.batch import PackedBatch
+from rose_backend.engine.engine import Engine
+from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, SdpaLoopBackend,
+                                           available_backends, make_backend, unavailable_reason)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return ModelConfig.from_folder(None)
+
+
+@pytest.fixture(scope="module")
+def eager(cfg):
+    return Engine(cfg)
+
+
+def _batch(rng, cfg, max_seqs=9, max_len=120):
+    lens = rng.integers(1, max_len, size=rng.integers(1, max_seqs + 1)).astype(np.int32)
+    return PackedBatch(rng.integers(0, cfg.vocab_size, size=int(lens.sum())).astype(np.int32), lens)
+
+
+def test_graph_path_matches_eager_over_random_batches(cfg, eager):
+    g = Engine(cfg, graphs=True, max_tokens=1024, max_seqs=16)
+    rng = np.random.default_rng(0)
+    batches = [_batch(rng, cfg) for _ in range(6)]
+    for rep in range(3):                           # eager, capture, replay for each configuration
+        for b in batches:
+            ref = eager.step(b).synchronize()
+            got = g.step(b).synchronize()
+            assert got.shape == ref.shape
+            assert 1 - (ref * got).sum(1).min() / 1.0 < 1e-5  # normalized embeddings
+            np.testing.assert_allclose(got, ref, atol=1e-5)
+    st = g.stats
+    assert st.batches == 18 and st.eager_runs + st.graph_captures + st.graph_replays == 18
+    assert st.graph_captures == len({g.graphs.key_for(b.num_seqs, b.num_tokens) for b in batches})
+    assert st.padded_tokens >= st.tokens
+
+
+def test_unbucketed_batch_runs_eager(cfg, eager):
+    g = Engine(cfg, graphs=True, max_tokens=128, max_seqs=2)
+    b = _batch(np.random.default_rng(1), cfg, max_seqs=5, max_len=100)
+    b = PackedBatch(np.concatenate([b.input_ids, b.input_ids]), np.concatenate([b.seq_lens, b.seq_lens]))
+    np.testing.assert_allclose(g.step(b).synchronize(), eager.step(b).synchronize(), atol=1e-5)
+    assert g.stats.eager_runs == 1 and not g.graphs.entries
+
+
+def test_ring_detaches_unsynchronized_handles(cfg):
+    g = Engine(cfg, graphs=True, max_tokens=512, max_seqs=4, max_inflight=1)
+    rng = np.random.default_rng(2)
+    bs = [_batch(rng, cfg, max_seqs=3, max_len=50) for _ in range(5)]
+    handles = [g.step(b) for b in bs]              # more outstanding than max_inflight
+    ref = Engine(cfg)
+    for b, h in zip(bs, handles):
+        assert h.ready()
+        np.testing.assert_allclose(h.synchronize(), ref.step(b).synchronize(), atol=1e-5)
+
+
+def test_empty_and_too_long(cfg, eager):
+    assert eager.step(PackedBatch(np.zeros(0, np.int32), np.zeros(0, np.int32))).synchronize().shape == (0, 384)
+    n = eager.max_len + 1
+    with pytest.raises(ValueError, match="longer than"):
+        eager.step(PackedBatch(np.zeros(n, np.int32), np.array([n], np.int32)))
+
+
+def test_sdpa_loop_skips_empty_sequences():
+    shape = AttentionShape(4, 2, 8, torch.float32)
+    be = make_backend("sdpa_loop", shape, "cpu")
+    q, k, v = torch.randn(10, 4, 8), torch.randn(10, 2, 8), torch.randn(10, 2, 8)
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    be.plan(AttentionMetadata(cu, 7, [3, 0, 7]))
+    out = be.run(q, k, v)
+    be.plan(AttentionMetadata(cu, 7, [3, 7]))
+    torch.testing.assert_close(out, be.run(q, k, v))
+
+
+def test_gpu_backends_say_why_not_on_cpu():
+    shape = AttentionShape(16, 16, 64, torch.bfloat16)
+    assert available_backends(shape, "cpu") == ["sdpa_loop"]
+    for name in ("torch_varlen", "flashinfer", "flashinfer_fa3", "flash_attn"):
+        assert unavailable_reason(name, shape, "cpu")
+    with pytest.raises(ValueError, match="cannot run here"):
+        make_backend("flashinfer", shape, "cpu")
+    assert "unknown" in unavailable_reason("nope", shape, "cpu")
+
+
+def test_backend_table_choice(tmp_path):
+    data = {"shapes": {"h16kv16d64": [
+        {"seqs": 1, "tokens": 128, "us": {"flashinfer": 10.0, "torch_varlen": 12.0}},
+        {"seqs": 64, "tokens": 32768, "us": {"flashinfer": 900.0, "torch_varlen": 800.0}}]}}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(data))
+    t = BackendTable.load(p)
+    both = ["flashinfer", "torch_varlen"]
+    assert t.choose("h16kv16d64", 1, 192, both) == "flashinfer"
+    assert t.choose("h16kv16d64", 128, 51200, both) == "torch_varlen"
+    assert t.choose("h16kv16d64", 1, 128, ["torch_varlen"]) == "torch_varlen"   # only what runs here
+    assert t.choose("h12kv12d32", 1, 128, both) == "flashinfer"                  # no cell: preference
+    assert BackendTable.load(tmp_path / "missing.json").choose("x", 1, 64, ["sdpa_loop"]) == "sdpa_loop"
+
+
+def test_engine_uses_cpu_backend(cfg, eager):
+    assert eager.backend_for(1, 128) == "sdpa_loop"
+    assert isinstance(eager.model.attn, SdpaLoopBackend)

@@ -1,0 +1,72 @@
+"""Graph cache: bucketing and the lazy-capture state machine (CPU, no CUDA needed)."""
+import pytest
+import torch
+
+from rose_backend.engine.graph_cache import GraphCache, pick, seq_buckets, token_buckets
+
+
+def test_token_buckets_64_then_256():
+    b = token_buckets(8192)
+    assert b[:3] == [64, 128, 192] and 1024 in b and 1088 not in b
+    assert b[b.index(1024) + 1] == 1280 and b[-1] == 8192 and len(b) == 44
+    assert all(x % 64 == 0 for x in b) and all(x % 256 == 0 for x in b if x > 1024)
+
+
+def test_seq_buckets_and_pick():
+    assert seq_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert seq_buckets(100)[-1] == 128
+    b = token_buckets(4096)
+    assert pick(b, 1) == 64 and pick(b, 64) == 64 and pick(b, 65) == 128
+    assert pick(b, 1025) == 1280 and pick(b, 4097) is None
+
+
+@pytest.mark.parametrize("seqs,tokens,key", [(1, 1, (1, 64)), (3, 130, (4, 192)), (64, 4096, (64, 4096)),
+                                              (5, 1100, (8, 1280))])
+def test_key_for(seqs, tokens, key):
+    assert GraphCache(8192, 64).key_for(seqs, tokens) == key
+
+
+def test_key_for_too_large_is_none():
+    c = GraphCache(1024, 16)
+    assert c.key_for(17, 100) is None and c.key_for(2, 1025) is None
+
+
+def test_state_machine_eager_capture_replay():
+    c = GraphCache(1024, 8)
+    c.start(torch.device("cpu"))
+    k = c.key_for(2, 100)
+    assert c.action(k) == "eager"
+    assert c.action(k) == "capture"
+    out = c.capture(k, lambda: torch.ones(3))
+    assert c.entries[k].state == "captured" and out.shape == (3,)
+    assert c.action(k) == "replay" and c.action(k) == "replay"
+    other = c.key_for(1, 10)
+    assert c.action(other) == "eager" and c.num_captured == 1
+
+
+def test_disabled_cache_always_eager():
+    c = GraphCache(1024, 8, enabled=False)
+    k = (1, 64)
+    assert [c.action(k) for _ in range(4)] == ["eager"] * 4
+
+
+def test_memory_cap_stops_new_captures():
+    c = GraphCache(1024, 8, memory_cap_bytes=0)
+    c.start(torch.device("cpu"))
+    a, b = (1, 64), (2, 64)
+    c.action(a), c.action(a)
+    c.capture(a, lambda: torch.zeros(1))
+    assert c.full                                     # cap 0 reached by the first graph
+    assert c.action(a) == "replay"                    # kept graphs still replay
+    assert c.action(b) == "eager" and c.action(b) == "eager" and c.refused == 1
+
+
+def test_cpu_graph_replays_into_the_same_output():
+    c = GraphCache(1024, 8)
+    c.start(torch.device("cpu"))
+    x = torch.zeros(4)
+    k = (1, 64)
+    c.action(k), c.action(k)
+    out = c.capture(k, lambda: x * 2)
+    x.fill_(3)
+    assert c.replay(k) is out and torch.equal(out, torch.full((4,), 6.0))
