@@ -14,6 +14,9 @@ from pathlib import Path
 
 ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
 DECODER_TYPES = ("qwen3",)
+# Folders whose config.json names another model_type but whose weights are Qwen3's, read as "qwen3".
+# pplx-embed ships as `bidirectional_pplx_qwen3` (Qwen3Model with use_bidirectional_attention).
+QWEN3_ALIASES = {"bidirectional_pplx_qwen3": "qwen3"}
 POOLING_MODES = ("mean", "cls", "lasttoken")
 
 
@@ -95,35 +98,62 @@ class ModelConfig:
         d = resolve_model_dir(model_dir)
         validate_model_folder(d)
         raw = _read_json(d / "config.json")
-        model_type = raw.get("model_type", "")
+        model_type = QWEN3_ALIASES.get(raw.get("model_type", ""), raw.get("model_type", ""))
         if model_type not in ENCODER_TYPES + DECODER_TYPES:
             raise ModelFolderError(
                 f"{d / 'config.json'}: model_type {model_type!r} is not supported "
                 f"(supported: {', '.join(ENCODER_TYPES + DECODER_TYPES)})")
-        pooling, normalize = _read_pooling(d, default="lasttoken" if model_type in DECODER_TYPES else "cls")
+        causal = model_type in DECODER_TYPES and not _is_bidirectional(raw)
+        # Without a pooling config: CLS for encoders, last token for causal decoders (Qwen3-Embedding),
+        # mean for bidirectional ones (pplx-embed).
+        pooling, normalize = _read_pooling(
+            d, default="cls" if model_type not in DECODER_TYPES else "lasttoken" if causal else "mean")
         st = _read_json(d / "config_sentence_transformers.json") if (d / "config_sentence_transformers.json").exists() else {}
         num_heads = raw["num_attention_heads"]
         hidden = raw["hidden_size"]
-        head_dim = raw.get("head_dim") or hidden // num_heads
+        head_dim = raw.get("head_dim") or (128 if model_type == "qwen3" else hidden // num_heads)
         max_pos = raw.get("max_position_embeddings", 512)
         position_offset = raw.get("pad_token_id", 1) + 1 if model_type in ("xlm-roberta", "roberta") else 0
         max_len = _read_max_seq_length(d, max_pos - position_offset)
-        causal = model_type in DECODER_TYPES and not raw.get("is_bidirectional", False) \
-            and raw.get("attention_type", "causal") != "bidirectional"
         return cls(
             model_dir=d, model_type=model_type, vocab_size=raw["vocab_size"], hidden_size=hidden,
             num_layers=raw["num_hidden_layers"], num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads", num_heads), head_dim=head_dim,
             intermediate_size=raw["intermediate_size"], max_position_embeddings=max_pos,
             max_seq_length=max_len,
-            norm_eps=raw.get("layer_norm_eps", raw.get("rms_norm_eps", 1e-12)),
+            norm_eps=raw.get("layer_norm_eps", raw.get("rms_norm_eps", 1e-6 if model_type == "qwen3" else 1e-12)),
             hidden_act=raw.get("hidden_act", "gelu"), pad_token_id=raw.get("pad_token_id") or 0,
             type_vocab_size=raw.get("type_vocab_size", 0), position_offset=position_offset,
-            rope_theta=raw.get("rope_theta", 1_000_000.0), causal=causal,
+            rope_theta=_read_qwen3_rope_theta(raw, d) if model_type == "qwen3" else raw.get("rope_theta", 1_000_000.0),
+            causal=causal,
             pooling=pooling, normalize=normalize,
             prompts=dict(st.get("prompts") or {}), default_prompt_name=st.get("default_prompt_name"),
             raw=raw,
         )
+
+
+def _is_bidirectional(raw: dict) -> bool:
+    """Decoders are causal unless config.json says otherwise, in any of the spellings in use:
+    use_bidirectional_attention (pplx-embed), is_causal false, is_bidirectional, attention_type."""
+    return bool(raw.get("use_bidirectional_attention") or raw.get("is_bidirectional")
+                or raw.get("is_causal") is False or raw.get("attention_type") == "bidirectional")
+
+
+def _read_qwen3_rope_theta(raw: dict, d: Path) -> float:
+    """RoPE base from transformers 5's rope_parameters or 4.x's rope_theta / rope_scaling.
+
+    Only plain RoPE over full attention is implemented; a folder asking for scaled RoPE (YaRN,
+    linear, dynamic) or sliding windows is refused rather than embedded with the wrong attention."""
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ModelFolderError(
+            f"{d / 'config.json'}: rope type {kind!r} is not supported (only plain RoPE); "
+            "remove the rope scaling entry to serve up to max_position_embeddings tokens")
+    if raw.get("use_sliding_window"):
+        raise ModelFolderError(f"{d / 'config.json'}: sliding-window attention is not supported; "
+                               "set use_sliding_window to false")
+    return float(rope.get("rope_theta", raw.get("rope_theta", 1_000_000.0)))
 
 
 def validate_model_folder(d: Path) -> None:

@@ -1,0 +1,208 @@
+"""Qwen3 decoders as embedders on packed tokens (Qwen3-Embedding, pplx-embed).
+
+One forward pass takes every sequence of a batch end to end: input_ids [T], positions [T]
+(restarting at 0 for each sequence), and returns the final-norm hidden states [T, H]. Whether
+attention is causal (Qwen3-Embedding, last-token pooling) or bidirectional (pplx-embed, mean
+pooling) is cfg.causal; the backend applies it per sequence, so the module itself is the same.
+
+Per layer: RMSNorm (fused with the residual add from the second norm on), fused QKV projection,
+per-head q/k RMSNorm, RoPE from positions, grouped-query attention, output projection,
+add + RMSNorm, fused gate/up projection, SiLU-and-mul, down projection.
+
+On CUDA in bf16/fp16, with flashinfer installed, the norms, RoPE and SiLU-and-mul run as
+flashinfer kernels (fused_add_rmsnorm, per-head rmsnorm on strided views, cos/sin-cache RoPE in
+place); elsewhere they are plain torch with Hugging Face's float32 numerics. Both paths are pure
+device work with fixed shapes: the forward can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rose_backend.config import ModelConfig
+from rose_backend.layers.activation import silu_and_mul
+from rose_backend.layers.attention import AttentionBackend, AttentionShape, make_backend
+from rose_backend.layers.norm import RMSNorm
+from rose_backend.layers.rotary import RotaryEmbedding
+from rose_backend.loading import iter_safetensors, strip_prefix
+
+try:                                        # optional GPU kernels; the CPU path never needs them
+    import flashinfer
+except ImportError:                         # pragma: no cover - depends on the machine
+    flashinfer = None
+
+_PREFIXES = ("model.",)                     # Qwen3ForCausalLM keeps the decoder under "model."
+_SKIPPED = ("lm_head.",)                    # the LM head (tied or not) plays no part in embeddings
+
+# Hugging Face projection -> (this module's fused projection, shard). Declared once; the loader
+# copies each part into its rows of the fused weight (nano-vllm's packed_modules_mapping).
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
+}
+
+# Set False to force the torch kernels on CUDA too (the float32 references in tests/benchmarks).
+USE_FLASHINFER = True
+
+
+def _fused(x: torch.Tensor) -> bool:
+    return USE_FLASHINFER and flashinfer is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+class AddRMSNorm(RMSNorm):
+    """(RMSNorm(x + residual), x + residual); with residual None, (RMSNorm(x), x).
+
+    The flashinfer path works in place: `residual` becomes x + residual and `x` its norm.
+    Both are scratch tensors of the forward pass, so that is safe and saves two round trips.
+    """
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if _fused(x):
+            if residual is None:
+                return flashinfer.norm.rmsnorm(x, self.weight, self.eps), x
+            flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+            return x, residual
+        if residual is not None:
+            x = x + residual
+        return super().forward(x), x
+
+
+class HeadRMSNorm(RMSNorm):
+    """RMSNorm over head_dim of [T, H, D] (Qwen3's q_norm / k_norm); strided views are fine."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused(x):
+            return flashinfer.norm.rmsnorm(x, self.weight, self.eps)
+        return super().forward(x)
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        bias = bool(cfg.raw.get("attention_bias", False))
+        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, h, bias=bias)
+        self.q_norm = HeadRMSNorm(d, eps=cfg.norm_eps)
+        self.k_norm = HeadRMSNorm(d, eps=cfg.norm_eps)
+        self.rotary = [rotary]              # shared with the other layers; a list keeps it out of state_dict
+        self.attn: AttentionBackend | None = None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.view(t, self.num_heads, self.head_dim))                       # [T, Hq, D]
+        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))                    # [T, Hkv, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)                                 # [T, Hkv, D]
+        rope = self.rotary[0]
+        if _fused(q):
+            flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
+                positions, q, k, self.head_dim, rope.cos_sin_cache, is_neox=True)
+        else:
+            q, k = rope(positions, q, k)
+        return self.o_proj(self.attn.run(q, k, v).reshape(t, self.q_size))              # [T, H]
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"Qwen3 MLP expects hidden_act 'silu', got {cfg.hidden_act!r}")
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)                                                   # [T, 2F]
+        act = flashinfer.activation.silu_and_mul(gate_up) if _fused(gate_up) else silu_and_mul(gate_up)
+        return self.down_proj(act)                                                       # [T, H]
+
+
+class Qwen3Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = AddRMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.self_attn = Qwen3Attention(cfg, rotary)
+        self.post_attention_layernorm = AddRMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.mlp = Qwen3MLP(cfg)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.input_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
+        return self.mlp(x), residual
+
+
+class Qwen3Decoder(nn.Module):
+    """Qwen3Model on packed tokens: forward(input_ids [T], positions [T]) -> hidden [T, H]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max(cfg.max_position_embeddings, cfg.max_seq_length),
+                                      cfg.rope_theta)
+        self.layers = nn.ModuleList(Qwen3Layer(cfg, self.rotary) for _ in range(cfg.num_layers))
+        self.norm = AddRMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn: AttentionBackend | None = None
+
+    def set_attention_backend(self, name_or_backend: str | AttentionBackend) -> AttentionBackend:
+        if isinstance(name_or_backend, str):
+            shape = AttentionShape(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
+                                   self.embed_tokens.weight.dtype, causal=self.cfg.causal)
+            name_or_backend = make_backend(name_or_backend, shape, self.embed_tokens.weight.device)
+        self.attn = name_or_backend
+        for layer in self.layers:
+            layer.self_attn.attn = name_or_backend
+        return name_or_backend
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None                                 # [T, H]
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        return self.norm(x, residual)[0]
+
+    @torch.no_grad()
+    def load_from_folder(self, model_dir: Path) -> None:
+        """Copy a Hugging Face Qwen3Model / Qwen3ForCausalLM checkpoint in, fusing q/k/v and
+        gate/up on the way. Strict: unknown or missing weights raise KeyError naming them."""
+        self.rotary.init_cache()            # a computed buffer, not a weight (meta construction leaves it empty)
+        params = dict(self.named_parameters())
+        expected = {(n, s) for n in params for s in self._shards(n)}
+        loaded: set[tuple[str, str | None]] = set()
+        for raw_name, w in iter_safetensors(model_dir):
+            name = strip_prefix(raw_name, _PREFIXES)
+            if name.startswith(_SKIPPED):
+                continue
+            shard = None
+            for part, (fused, shard_name) in PACKED_MODULES.items():
+                if f".{part}." in name:
+                    name, shard = name.replace(f".{part}.", f".{fused}."), shard_name
+                    break
+            if name not in params:
+                raise KeyError(f"{model_dir}: unexpected weight {raw_name!r} for a qwen3 model")
+            target = params[name]
+            if shard is not None:
+                start, size = self._shards(name)[shard]
+                target = target.narrow(0, start, size)
+            if target.shape != w.shape:
+                raise ValueError(f"{model_dir}: weight {raw_name!r} has shape {tuple(w.shape)}, "
+                                 f"expected {tuple(target.shape)} from config.json")
+            target.copy_(w)
+            loaded.add((name, shard))
+        missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded)
+        if missing:
+            raise KeyError(f"{model_dir}: weights missing from the safetensors files: {missing[:8]}")
+
+    def _shards(self, name: str) -> dict[str | None, tuple[int, int]]:
+        """Row ranges (start, size) of each part of a fused parameter; {None: ...} if not fused."""
+        c = self.cfg
+        q, kv, f = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+        if ".qkv_proj." in name:
+            return {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
+        if ".gate_up_proj." in name:
+            return {"gate": (0, f), "up": (f, f)}
+        return {None: (0, 0)}
