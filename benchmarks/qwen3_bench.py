@@ -5,7 +5,7 @@ For each kernel set (torch: plain torch norms / RoPE / SiLU-and-mul; flashinfer:
 and each batch shape (1x128, 1x512, 100x512 tokens), it times the forward pass plus pooling eagerly
 and as a CUDA-graph replay (CUDA events around back-to-back runs; the attention plan runs once,
 before, as it runs on the host beside the previous batch in the server).
-Results go to <out>/qwen3_bench.json after every measurement, so a run cut short keeps what it did.
+Results go to <out>/qwen3_bench_<kernels>.json after every measurement, so a run cut short keeps what it did.
 
     source .gpu/enter.sh && PYTHONPATH=. python3 benchmarks/qwen3_bench.py --out benchmarks/results
 """
@@ -87,7 +87,7 @@ def main() -> None:
                    "graph_vs_eager_min_cos": round(cos, 6), "wall_s": round(time.time() - t0, 1)}
             report["results"].append(row)
             print(json.dumps(row), flush=True)
-            (out_dir / "qwen3_bench.json").write_text(json.dumps(report, indent=2))
+            (out_dir / f"qwen3_bench_{args.kernels.replace(',', '+')}.json").write_text(json.dumps(report, indent=2))
             del run
             torch.cuda.empty_cache()
 
