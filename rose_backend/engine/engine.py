@@ -80,7 +80,8 @@ class Engine:
         attention     a backend name (attention.py) for every batch, or None / "auto": per
                       configuration from the measured table (backend_table.py), CPU: sdpa_loop
         graphs        CUDA graphs with lazy capture; default on for CUDA, off on the CPU (on the
-                      CPU, True runs the same bucketed static-buffer path with a stand-in graph)
+                      CPU, True runs the same bucketed static-buffer path with a stand-in graph).
+                      False: every batch eager on its exact shapes (no padding)
         max_tokens    largest token bucket (batches beyond run eagerly, unpadded); default 65536
         max_seqs      largest sequence-count bucket (powers of two); default 512
         max_inflight  handles the caller keeps outstanding; the pinned ring has max_inflight + 1
@@ -176,7 +177,7 @@ class Engine:
         st.tokens += t
         st.sequences += s
         slot = self._take_slot()
-        key = self.graphs.key_for(s, t) if (self.graphs_on or self.device.type == "cuda") else None
+        key = self.graphs.key_for(s, t) if self.graphs_on else None
         with torch.inference_mode():
             if key is None:
                 out = self._run_unpadded(batch, slot)
