@@ -1,0 +1,50 @@
+# make serve   - install what is needed (first run) and serve the default model with tritonserver
+# make test    - install the test dependencies and run the whole CPU test suite
+# Variables: MODEL=<HF folder>  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
+#            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+GRPC_PORT ?= 8001
+HTTP_PORT ?= 8000
+METRICS_PORT ?= 8002
+ADDRESS ?= 127.0.0.1
+REPLICAS ?= 1
+MODEL ?=
+GPUS ?=
+PYTEST_ARGS ?=
+
+.PHONY: serve test test-gpu install clean
+
+install: $(VENV)/.installed
+
+# torch: reuse the interpreter's own (NGC image, GPU hosts) through system site-packages;
+# otherwise install the pinned CPU build. nvidia-pytriton only for its bundled tritonserver.
+$(VENV)/.installed: pyproject.toml
+	@if $(PY) -c "import torch" 2>/dev/null; then $(PY) -m venv --system-site-packages $(VENV); \
+	 else $(PY) -m venv $(VENV); fi
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e .
+	@command -v tritonserver >/dev/null || [ -n "$$TRITONSERVER_BIN" ] || \
+	  $(BIN)/python -m pip install -q --no-deps nvidia-pytriton==0.7.0
+	@touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[test,bench,cli]"
+	@touch $@
+
+serve: install
+	$(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
+	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
+	  $(if $(MODEL),--model "$(MODEL)") $(if $(GPUS),--gpus "$(GPUS)")
+
+test: $(VENV)/.test-installed
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The GPU suite (run on a CUDA host; CI has none and skips it).
+test-gpu: $(VENV)/.test-installed
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests/gpu $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

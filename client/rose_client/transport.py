@@ -1,0 +1,135 @@
+"""One gRPC bidirectional stream (ModelStreamInfer) to one Triton server, many requests in flight.
+
+Requests are matched to responses by request id (Triton repeats the id on error responses too),
+so one stream carries any number of concurrent requests. Uses the Triton gRPC protocol stubs that
+ship with tritonclient; no torch and nothing of the server side is imported.
+
+    conn = StreamConnection("127.0.0.1:8001")
+    fut = conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens)])   # concurrent.futures.Future
+    fut.result()["EMBEDDINGS"]                                            # np.ndarray
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import struct
+import threading
+from concurrent.futures import Future
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+_NP_TO_TRITON = {np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32",
+                 np.dtype(np.bool_): "BOOL"}
+_TRITON_TO_NP = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16, "BOOL": np.bool_}
+_CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+class ServerError(RuntimeError):
+    """The server answered a request with an error (bad input, overload, ...)."""
+
+
+class ConnectionLost(ConnectionError):
+    """The stream to a server broke before the request was answered."""
+
+
+def serialize_bytes(items) -> bytes:
+    """Triton's BYTES wire format: each element as a 4-byte little-endian length, then its bytes."""
+    out = []
+    for s in items:
+        b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        out.append(struct.pack("<I", len(b)))
+        out.append(b)
+    return b"".join(out)
+
+
+class StreamConnection:
+    def __init__(self, url: str):
+        self.url = url
+        self._channel = grpc.insecure_channel(url, options=_CHANNEL_OPTIONS)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._closed = False
+        self.broken: Exception | None = None
+        self._responses = self._stub.ModelStreamInfer(self._requests())
+        self._reader = threading.Thread(target=self._read, name=f"rose-stream-{url}", daemon=True)
+        self._reader.start()
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def infer(self, model: str, inputs: list[tuple[str, object]]) -> Future:
+        """Send one request; `inputs` are (name, np.ndarray) pairs, or (name, list of str) for BYTES."""
+        fut: Future = Future()
+        rid = f"{next(self._ids)}"
+        request = service_pb2.ModelInferRequest(model_name=model, id=rid)
+        for name, value in inputs:
+            t = request.inputs.add()
+            t.name = name
+            if isinstance(value, np.ndarray) and value.dtype != object:
+                t.datatype = _NP_TO_TRITON[value.dtype]
+                t.shape.extend(value.shape)
+                request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+            else:
+                items = list(value.reshape(-1)) if isinstance(value, np.ndarray) else list(value)
+                t.datatype = "BYTES"
+                t.shape.append(len(items))
+                request.raw_input_contents.append(serialize_bytes(items))
+        with self._lock:
+            if self.broken is not None or self._closed:
+                fut.set_exception(ConnectionLost(f"{self.url}: stream is closed ({self.broken})"))
+                return fut
+            self._pending[rid] = fut
+        self._outbox.put(request)
+        return fut
+
+    def _requests(self):
+        while True:
+            r = self._outbox.get()
+            if r is None:
+                return
+            yield r
+
+    def _read(self):
+        try:
+            for resp in self._responses:
+                rid = resp.infer_response.id
+                with self._lock:
+                    fut = self._pending.pop(rid, None)
+                if fut is None:
+                    continue                      # e.g. an empty FINAL-only message
+                if resp.error_message:
+                    fut.set_exception(ServerError(f"{self.url}: {resp.error_message}"))
+                else:
+                    fut.set_result(_outputs(resp.infer_response))
+            error: Exception = ConnectionLost(f"{self.url}: the server closed the stream")
+        except grpc.RpcError as e:
+            error = ConnectionLost(f"{self.url}: {e.code().name}: {e.details()}")
+        except Exception as e:  # pragma: no cover - defensive: never leave futures hanging
+            error = ConnectionLost(f"{self.url}: {type(e).__name__}: {e}")
+        with self._lock:
+            self.broken = error
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            fut.set_exception(error)
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+        self._outbox.put(None)
+        self._channel.close()
+        self._reader.join(5)
+
+
+def _outputs(response) -> dict[str, np.ndarray]:
+    out = {}
+    for i, o in enumerate(response.outputs):
+        if o.datatype not in _TRITON_TO_NP:
+            raise ServerError(f"unexpected output datatype {o.datatype} for {o.name}")
+        out[o.name] = np.frombuffer(response.raw_output_contents[i], dtype=_TRITON_TO_NP[o.datatype]).reshape(tuple(o.shape))
+    return out

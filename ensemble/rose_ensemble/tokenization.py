@@ -1,0 +1,108 @@
+"""Text -> ragged token ids, the way sentence-transformers prepares them (Ivy's job).
+
+    tok = TextTokenizer.from_folder(model_dir)
+    ids, lens = tok.encode(["what is rose?", "..."], prompt_name="query")
+    # ids: int32 [sum(lens)], every text's ids end to end; lens: int32 [n]. No padding anywhere.
+
+Prompts come from the model's config_sentence_transformers.json ("prompts", "default_prompt_name")
+and may be overridden or extended by the deployment. The prompt is prepended to the text before
+tokenizing and truncation applies to the whole (as sentence-transformers does), at the model's
+max_seq_length. Encoding runs in Rust (tokenizers' encode_batch), which releases the GIL.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+
+class InputError(ValueError):
+    """A request's input is invalid; the message says what and where."""
+
+
+@dataclass
+class TextTokenizer:
+    tokenizer: Tokenizer
+    max_seq_length: int
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    max_text_bytes: int = 0             # 0: no limit; otherwise texts are cut to this many bytes first
+
+    def __post_init__(self):
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(self.max_seq_length)
+
+    @classmethod
+    def from_folder(cls, model_dir: str | Path, max_seq_length: int | None = None,
+                    prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
+                    max_text_bytes: int = 0) -> "TextTokenizer":
+        from rose_backend.config import ModelConfig   # no torch: config.py imports only the stdlib
+        cfg = ModelConfig.from_folder(model_dir)
+        merged = dict(cfg.prompts)
+        merged.update(prompts or {})
+        return cls(Tokenizer.from_file(str(Path(cfg.model_dir) / "tokenizer.json")),
+                   max_seq_length or cfg.max_seq_length, merged,
+                   default_prompt_name if default_prompt_name is not None else cfg.default_prompt_name,
+                   max_text_bytes)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def prompt_for(self, prompt_name: str | None) -> str:
+        name = prompt_name if prompt_name else self.default_prompt_name
+        if not name:
+            return ""
+        if name not in self.prompts:
+            known = ", ".join(repr(k) for k in sorted(self.prompts)) or "none"
+            raise InputError(f"unknown task / prompt name {name!r}; this model knows: {known}")
+        return self.prompts[name]
+
+    def decode_texts(self, raw: list[bytes] | np.ndarray) -> list[str]:
+        """BYTES elements -> str, refusing empty or invalid UTF-8 texts with their index."""
+        if len(raw) == 0:
+            raise InputError("TEXT is empty: send at least one text")
+        texts = []
+        for i, b in enumerate(raw):
+            if isinstance(b, str):
+                b = b.encode("utf-8")
+            if self.max_text_bytes and len(b) > self.max_text_bytes:
+                b = b[: self.max_text_bytes]
+                texts.append(b.decode("utf-8", errors="ignore"))   # a cut may split a character
+                continue
+            if len(b) == 0:
+                raise InputError(f"TEXT[{i}] is an empty string")
+            try:
+                texts.append(b.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise InputError(f"TEXT[{i}] is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        return texts
+
+    def encode(self, texts: list[str], prompt_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        prompt = self.prompt_for(prompt_name)
+        if prompt:
+            texts = [prompt + t for t in texts]
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        lens = np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(encodings))
+        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(lens.sum()))
+        return ids, lens
+
+    def count_tokens(self, texts: list[str], prompt_name: str | None = None) -> list[int]:
+        """Token counts after prompt and truncation, without building the flat array."""
+        return [int(n) for n in self.encode(texts, prompt_name)[1]]
+
+
+def parse_prompts(value: str) -> dict[str, str]:
+    """Deployment prompts from a config.pbtxt parameter: a JSON object {name: prefix}."""
+    if not value.strip():
+        return {}
+    try:
+        prompts = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"parameter 'prompts' must be a JSON object of name -> prefix: {e}") from e
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError("parameter 'prompts' must be a JSON object mapping prompt names to prefix strings")
+    return prompts

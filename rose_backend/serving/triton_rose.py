@@ -1,0 +1,164 @@
+"""The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS -> EMBEDDINGS.
+
+execute() validates each request, admits it into the EmbeddingService pool and returns None; the
+service's loop thread batches, runs the engine and calls back here to send each request exactly
+one response, with the FINAL flag. Bad input gets an error response at once; nothing else waits.
+
+config.pbtxt parameters (all optional):
+    model_dir            Hugging Face folder (default: $ROSE_MODEL_DIR, else the default model)
+    device               auto | cpu | cuda (auto: the instance kind Triton assigns)
+    dtype                float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)
+    attention            attention backend name (default: the engine's choice)
+    max_batch_tokens     token budget of one forward pass (default 16384)
+    max_batch_seqs       sequence cap of one forward pass (default 64)
+    max_inflight         batches launched but not yet collected (default 2)
+    max_queued_tokens    tokens waiting in the pool before new requests are refused as
+                         overloaded (default 1048576; 0 = unbounded)
+    max_request_seqs     sequences per request (default 4096)
+    max_request_tokens   tokens per request (default 1048576)
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from rose_backend.config import ModelConfig, resolve_model_dir
+from rose_backend.serving.scheduler import Request
+from rose_backend.serving.service import EmbeddingService, Overloaded
+from rose_backend.serving.validation import RequestLimits, validate_tokens
+from rose_backend.triton_params import ModelParameters
+
+log = logging.getLogger("rose")
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+
+class RoseModel:
+    def initialize(self, args):
+        import torch   # loaded here so that importing this module stays cheap
+
+        params = ModelParameters(args["model_config"])
+        try:
+            cfg = ModelConfig.from_folder(resolve_model_dir(params.str("model_dir") or None))
+            device = self._device(params.str("device", "auto"), args, torch)
+            dtype_name = params.str("dtype", "")
+            if dtype_name and dtype_name not in _DTYPES:
+                raise ValueError(f"parameter 'dtype' must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
+            dtype = getattr(torch, _DTYPES[dtype_name]) if dtype_name else None
+            from rose_backend.engine.engine import Engine
+            self.engine = Engine(cfg, device=device, dtype=dtype, attention=params.str("attention") or None)
+            self.limits = RequestLimits(
+                max_seq_len=cfg.max_position_embeddings - cfg.position_offset,
+                vocab_size=cfg.vocab_size,
+                max_request_seqs=params.int("max_request_seqs", 4096, minimum=1),
+                max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
+            )
+            self.service = EmbeddingService(
+                self.engine, self._respond,
+                max_batch_tokens=params.int("max_batch_tokens", 16384, minimum=1),
+                max_batch_seqs=params.int("max_batch_seqs", 64, minimum=1),
+                max_inflight=params.int("max_inflight", 2, minimum=1),
+                max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
+            )
+        except Exception as e:
+            raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
+        self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
+        log.info("rose: %s on %s, %d-dim embeddings, pooling=%s normalize=%s", cfg.model_dir, device,
+                 cfg.embedding_dim, cfg.pooling, cfg.normalize)
+
+    @staticmethod
+    def _device(choice: str, args, torch) -> str:
+        if choice not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"parameter 'device' must be auto, cpu or cuda, got {choice!r}")
+        kind = args.get("model_instance_kind", "CPU")
+        gpu_id = int(args.get("model_instance_device_id", 0) or 0)
+        if choice == "cpu" or (choice == "auto" and (kind != "GPU" or not torch.cuda.is_available())):
+            return "cpu"
+        if not torch.cuda.is_available():
+            raise ValueError("parameter device=cuda but no CUDA device is visible")
+        return f"cuda:{gpu_id if kind == 'GPU' else 0}"
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
+                lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
+                input_ids, seq_lens = validate_tokens(
+                    None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy(), self.limits)
+                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled))
+            except (ValueError, Overloaded, RuntimeError) as e:
+                code = pb_utils.TritonError.UNAVAILABLE if isinstance(e, Overloaded) else pb_utils.TritonError.INVALID_ARG
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {e}", code)),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def _respond(self, r: Request) -> None:
+        if r.error is None:
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", r.output)])
+        else:
+            code = pb_utils.TritonError.CANCELLED if r.error == "the request was cancelled" else pb_utils.TritonError.INTERNAL
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
+        r.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self):
+        self.service.stop()
+        self.metrics.stop()
+
+
+class _Metrics:
+    """Custom Prometheus metrics (served on Triton's metrics port), refreshed once a second."""
+
+    COUNTERS = {  # metric name -> (description, where the value comes from)
+        "rose_batches_total": ("forward passes launched", lambda m: m.engine.stats.batches),
+        "rose_batch_tokens_total": ("tokens in launched forward passes", lambda m: m.engine.stats.tokens),
+        "rose_sequences_total": ("sequences embedded", lambda m: m.engine.stats.sequences),
+        "rose_eager_runs_total": ("forward passes run eagerly", lambda m: m.engine.stats.eager_runs),
+        "rose_graph_captures_total": ("CUDA graphs captured", lambda m: m.engine.stats.graph_captures),
+        "rose_graph_replays_total": ("forward passes replayed from a CUDA graph", lambda m: m.engine.stats.graph_replays),
+        "rose_requests_failed_total": ("requests answered with an error after admission", lambda m: m.service.stats.failed),
+    }
+    GAUGES = {
+        "rose_queue_tokens": ("tokens waiting in the request pool", lambda m: m.service.queued_tokens),
+    }
+
+    def __init__(self, model_name: str, version: str, model: RoseModel):
+        labels = {"model": model_name, "version": str(version)}
+        self.model = model
+        self.metrics = []
+        for name, (desc, read) in self.COUNTERS.items():
+            fam = pb_utils.MetricFamily(name=name, description=desc, kind=pb_utils.MetricFamily.COUNTER)
+            self.metrics.append((fam, fam.Metric(labels=labels), read, True))
+        for name, (desc, read) in self.GAUGES.items():
+            fam = pb_utils.MetricFamily(name=name, description=desc, kind=pb_utils.MetricFamily.GAUGE)
+            self.metrics.append((fam, fam.Metric(labels=labels), read, False))
+        self.last = {id(m): 0 for _, m, _, _ in self.metrics}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rose-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            try:
+                self.refresh()
+            except Exception:
+                log.exception("rose: refreshing metrics failed")
+
+    def refresh(self):
+        for _, metric, read, is_counter in self.metrics:
+            value = read(self.model)
+            if is_counter:
+                delta = value - self.last[id(metric)]
+                if delta > 0:
+                    metric.increment(delta)
+                    self.last[id(metric)] = value
+            else:
+                metric.set(value)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(2.0)

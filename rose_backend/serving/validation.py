@@ -1,0 +1,50 @@
+"""Checks on pre-tokenized requests, with messages that name what is wrong."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True, frozen=True)
+class RequestLimits:
+    max_seq_len: int                  # the model's position table: the longest sequence it can embed
+    vocab_size: int
+    max_request_seqs: int = 4096
+    max_request_tokens: int = 1 << 20
+
+
+def validate_tokens(input_ids: np.ndarray | None, seq_lens: np.ndarray | None,
+                    limits: RequestLimits) -> tuple[np.ndarray, np.ndarray]:
+    """Return (input_ids int32 [T], seq_lens int32 [S]) or raise ValueError naming the problem."""
+    if input_ids is None:
+        raise ValueError("missing input INPUT_IDS")
+    if seq_lens is None:
+        raise ValueError("missing input SEQ_LENS")
+    input_ids, seq_lens = input_ids.reshape(-1), seq_lens.reshape(-1)
+    for name, a in (("INPUT_IDS", input_ids), ("SEQ_LENS", seq_lens)):
+        if a.dtype != np.int32:
+            raise ValueError(f"{name} must be INT32, got {a.dtype}")
+    if seq_lens.size == 0:
+        raise ValueError("SEQ_LENS is empty: send at least one sequence")
+    if seq_lens.size > limits.max_request_seqs:
+        raise ValueError(f"the request has {seq_lens.size} sequences; the limit is "
+                         f"max_request_seqs={limits.max_request_seqs}")
+    bad = np.flatnonzero(seq_lens <= 0)
+    if bad.size:
+        raise ValueError(f"SEQ_LENS[{bad[0]}] is {seq_lens[bad[0]]}: every length must be at least 1")
+    total = int(seq_lens.sum(dtype=np.int64))
+    if total != input_ids.size:
+        raise ValueError(f"SEQ_LENS sum to {total} but INPUT_IDS holds {input_ids.size} token ids")
+    if total > limits.max_request_tokens:
+        raise ValueError(f"the request has {total} tokens; the limit is max_request_tokens={limits.max_request_tokens}")
+    too_long = np.flatnonzero(seq_lens > limits.max_seq_len)
+    if too_long.size:
+        i = too_long[0]
+        raise ValueError(f"sequence {i} has {seq_lens[i]} tokens; this model embeds at most {limits.max_seq_len} "
+                         "tokens per sequence (truncate it, or send text through `embed`, which truncates)")
+    oov = np.flatnonzero((input_ids < 0) | (input_ids >= limits.vocab_size))
+    if oov.size:
+        i = oov[0]
+        raise ValueError(f"INPUT_IDS[{i}] = {input_ids[i]} is outside the vocabulary [0, {limits.vocab_size})")
+    return np.ascontiguousarray(input_ids), np.ascontiguousarray(seq_lens)
