@@ -16,7 +16,7 @@ from rose_backend.layers.attention import available_backends
 from rose_backend.models import qwen3
 from tests.qwen3_folders import PackedForward, qwen3_model_config, random_qwen3
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 LENS = [1, 37, 128, 300, 64]                # ragged, with a length-1 sequence
 TOL = 2e-3                                  # 1 - cos, bf16 against float32 (observed ~1e-4)
