@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# NVIDIA perf_analyzer against a running server's `rose` model, gRPC streaming (rose is decoupled).
+#   benchmarks/perf_analyzer.sh [GRPC_URL] [INPUT_JSON] [extra perf_analyzer args...]
+# Defaults: 127.0.0.1:8001 and benchmarks/inputs/rose_1x128.json (one 128-token sequence).
+# perf_analyzer ships in the tritonclient==2.51.0 wheel; it links libb64.so.0d and libcudart.so.12,
+# which the nvidia-pytriton wheel carries under other names: they are linked into a private folder.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+URL=${1:-127.0.0.1:8001}
+INPUT=${2:-}; INPUT=${INPUT:-$HERE/inputs/rose_1x128.json}
+shift $(( $# > 2 ? 2 : $# ))
+PY=${PY:-$HERE/../.venv/bin/python}
+PA=$(command -v perf_analyzer || echo "$(dirname "$PY")/perf_analyzer")
+if ! ldd "$PA" | grep -q "not found"; then :; else
+  LIBS=$("$PY" -c "import importlib.util,pathlib;print(pathlib.Path(importlib.util.find_spec('pytriton').submodule_search_locations[0]).parent/'nvidia_pytriton.libs')")
+  PALIB=${XDG_CACHE_HOME:-$HOME/.cache}/rose/palib; mkdir -p "$PALIB"
+  ln -sf "$LIBS"/libb64-*.so.0d "$PALIB/libb64.so.0d"
+  ln -sf "$LIBS"/libcudart-*.so.12* "$PALIB/libcudart.so.12"
+  export LD_LIBRARY_PATH="$PALIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+SHAPES=$("$PY" -c "import json,sys;d=json.load(open(sys.argv[1]))['data'][0];print(' '.join(f'--shape {k}:{v[\"shape\"][0]}' for k,v in d.items()))" "$INPUT")
+exec "$PA" -m rose -i grpc --streaming -u "$URL" --input-data "$INPUT" $SHAPES \
+  --measurement-interval 5000 --percentile=99 --stability-percentage=50 -r 30 "$@"
