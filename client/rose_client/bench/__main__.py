@@ -1,0 +1,423 @@
+"""End-to-end benchmark: this project's Triton deployment against a naive Triton deployment.
+
+    python -m rose_client.bench --model bge-m3 --quick --out benchmarks/results
+    python -m rose_client.bench --model pplx-embed            # full mode: more requests per cell
+
+For one model shape it writes a random-weight Hugging Face folder (config.json, bf16 safetensors,
+a WordLevel tokenizer.json; weights made on the GPU), computes the float32 Hugging Face reference
+of a set of gate sequences, then starts tritonserver twice in turn, once with this project's
+model repository (`rose`, `embed`) and once with the naive baseline repository
+(benchmarks/baseline_repository: `naive`, Hugging Face transformers on a padded batch in a Python
+model). Against each it runs the correctness gate (1 - cos <= 1e-3 against the reference, token
+ids and texts), the seed's four workloads with the same client, and perf_analyzer on the online
+workload. It writes bench_<model>.json (numbers, command, git commit, GPU, date, mode) and one
+PNG per workload. Needs tritonserver (see rose_backend.launcher), torch and transformers (folder
+and reference), matplotlib (charts); perf_analyzer is used when found.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from rose_client.bench import folders, published, workloads
+
+GATE_MAX_COS_DIST = 1e-3
+
+MODES = {
+    "full": dict(online=(128, 512, 4096), online_n=2000, online_warmup=50,
+                 scoring=(5, 25, 50), scoring_len=512, scoring_n=500, scoring_warmup=10,
+                 throughput=(512, 1024, 4096), tput_batch=100, tput_procs=4,
+                 tput_batches={512: 20, 1024: 10, 4096: 3}, tput_warmup=1,
+                 concurrency=(1, 2, 4, 8, 16), conc_len=512, conc_total=2000, conc_warmup=5,
+                 gate_lengths=(128, 512, 4096, 37, 1000), pa_interval_ms=5000),
+    "quick": dict(online=(128, 512, 4096), online_n=300, online_warmup=20,
+                  scoring=(5, 25, 50), scoring_len=512, scoring_n=100, scoring_warmup=5,
+                  throughput=(512, 1024, 4096), tput_batch=100, tput_procs=4,
+                  tput_batches={512: 5, 1024: 3, 4096: 2}, tput_warmup=1,
+                  concurrency=(1, 2, 4, 8, 16), conc_len=512, conc_total=256, conc_warmup=3,
+                  gate_lengths=(128, 512, 4096, 37, 1000), pa_interval_ms=1000),
+    # the CPU test of the tool itself: tiny shapes, a handful of requests (numbers mean nothing)
+    "tiny": dict(online=(16, 64), online_n=10, online_warmup=2,
+                 scoring=(2, 4), scoring_len=32, scoring_n=5, scoring_warmup=1,
+                 throughput=(16, 32), tput_batch=4, tput_procs=2, tput_batches={16: 2, 32: 2}, tput_warmup=1,
+                 concurrency=(1, 2), conc_len=32, conc_total=8, conc_warmup=1,
+                 gate_lengths=(5, 17, 64, 100), pa_interval_ms=500),
+}
+SYSTEM_MODELS = {"rose": ("tokenize", "rose", "embed"), "naive": ("naive",)}
+TOKEN_MODEL = {"rose": "rose", "naive": "naive"}
+TEXT_MODEL = {"rose": "embed", "naive": "naive"}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def repo_root() -> Path:
+    from rose_backend.launcher import REPO_ROOT
+    return REPO_ROOT
+
+
+def free_ports():
+    from rose_backend.launcher import Ports
+    socks = []
+    for _ in range(3):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = Ports(*(s.getsockname()[1] for s in socks))
+    for s in socks:
+        s.close()
+    return ports
+
+
+def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]]) -> Path:
+    """A copy of a model repository with config.pbtxt parameters replaced or added."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for model, values in params.items():
+        cfg = dest / model / "config.pbtxt"
+        text = cfg.read_text()
+        for key, value in values.items():
+            entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+            pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
+            text, n = pattern.subn(lambda _m: entry, text)
+            if n == 0:
+                text += "\n" + entry + "\n"
+        cfg.write_text(text)
+    return dest
+
+
+def host_info(device: str) -> dict:
+    info = {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "device": device, "gpu": None}
+    try:
+        import torch
+        import transformers
+        info.update(torch=torch.__version__, transformers=transformers.__version__)
+        if device.startswith("cuda"):
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        if out.returncode == 0:
+            info["nvidia_smi"] = out.stdout.strip()
+    except Exception:
+        pass
+    return info
+
+
+def git_commit(explicit: str | None) -> dict:
+    if explicit:
+        return {"commit": explicit, "source": "--git-commit"}
+    try:
+        root = repo_root()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return {"commit": commit or None, "dirty": bool(dirty), "source": "git"}
+    except Exception:
+        return {"commit": os.environ.get("ROSE_GIT_COMMIT"), "source": "env"}
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.mode = args.mode
+        self.m = MODES[args.mode]
+        self.model = folders.shape_name(args.model)
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(args.workdir)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.t_start = time.monotonic()
+        self.deadline = self.t_start + args.budget_s if args.budget_s else None
+        self.json_path = self.out / f"bench_{self.model}.json"
+        self.result: dict = {}
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def save(self) -> None:
+        self.result["elapsed_s"] = round(time.monotonic() - self.t_start, 1)
+        tmp = self.json_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.result, indent=1))
+        tmp.replace(self.json_path)
+
+    def time_left(self, deadline) -> float:
+        return float("inf") if deadline is None else deadline - time.monotonic()
+
+    # -- phases ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        import torch
+        device = self.args.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        config, pooling, normalize, _ = folders.SHAPES[self.model]
+        self.vocab = config["vocab_size"]
+        self.result = {
+            "schema": "rose-bench/1", "model": self.model,
+            "model_title": published.MODEL_TITLES.get(self.model, self.model),
+            "mode": self.mode, "counts": {k: (list(v) if isinstance(v, tuple) else
+                                              {str(a): b for a, b in v.items()} if isinstance(v, dict) else v)
+                                          for k, v in self.m.items()},
+            "command": "python -m rose_client.bench " + " ".join(sys.argv[1:]),
+            "git": git_commit(self.args.git_commit),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": host_info(device),
+            "shape": {**config, "pooling": pooling, "normalize": normalize},
+            "weights": "random (seed 0), rounded to bf16; servers run bf16 on GPU, float32 on CPU",
+            "gate": {"max_cos_dist": GATE_MAX_COS_DIST, "reference": "HF transformers AutoModel, float32, "
+                     "eager attention, one sequence at a time, unpadded"},
+            "published": published.as_json(self.model),
+            "systems": {},
+        }
+        self.save()
+
+        t = time.monotonic()
+        folder = Path(self.args.folder) if self.args.folder else self.work / self.model
+        log(f"model folder {folder} ({self.model}) on {device}")
+        folders.make_folder(self.model, folder, device=device)
+        self.result["folder_s"] = round(time.monotonic() - t, 1)
+        self.folder = folder
+
+        t = time.monotonic()
+        rng = np.random.default_rng(12345)
+        limit = folders.max_seq_len(config)
+        self.gate_seqs = [folders.random_ids(rng, self.vocab, min(n, limit)) for n in self.m["gate_lengths"]]
+        self.gate_texts = [folders.random_ids(rng, self.vocab, n) for n in (self.m["conc_len"], 9)]
+        ref = folders.Reference(folder, device=device)
+        self.ref = ref.embed(self.gate_seqs)
+        self.ref_text = ref.embed(self.gate_texts)
+        ref.close()
+        del ref
+        self.result["gate"]["lengths"] = [len(s) for s in self.gate_seqs]
+        self.result["reference_s"] = round(time.monotonic() - t, 1)
+        log(f"folder {self.result['folder_s']} s, reference {self.result['reference_s']} s")
+        self.save()
+
+        pool_size = max(max(self.m["concurrency"]), self.m["tput_procs"])
+        systems = [s.strip() for s in self.args.systems.split(",") if s.strip()]
+        with workloads.ClientPool(pool_size) as pool:
+            for i, system in enumerate(systems):
+                left = self.time_left(self.deadline)
+                deadline = None if self.deadline is None else time.monotonic() + left / (len(systems) - i)
+                try:
+                    self.run_system(system, pool, deadline)
+                except Exception as e:
+                    log(f"{system}: FAILED: {e}")
+                    traceback.print_exc()
+                    self.result["systems"].setdefault(system, {})["error"] = f"{type(e).__name__}: {e}"
+                self.save()
+
+        if not self.args.no_charts:
+            try:
+                from rose_client.bench.charts import charts
+                self.result["charts"] = [p.name for p in charts(self.result, self.out)]
+            except Exception as e:
+                log(f"charts failed: {e}")
+                self.result["charts_error"] = str(e)
+        self.save()
+        print(summary(self.result), flush=True)
+        gate_ok = all((s.get("gate") or {}).get("passed") for s in self.result["systems"].values())
+        return 0 if gate_ok and all("error" not in s for s in self.result["systems"].values()) else 1
+
+    def run_system(self, system: str, pool, deadline) -> None:
+        from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess
+
+        res = self.result["systems"].setdefault(system, {})
+        if system == "rose":
+            params = {"rose": {"max_queued_tokens": "0", **dict(kv.split("=", 1) for kv in self.args.rose_param)}}
+            repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params)
+            res["repository"] = "model_repository (max_queued_tokens=0 so 4 x 100 x 4096 tokens may queue)"
+            res["params"] = params["rose"]
+        elif system == "naive":
+            src = Path(self.args.baseline_repository) if self.args.baseline_repository else \
+                repo_root() / "benchmarks" / "baseline_repository"
+            repo = repository_copy(src, self.work / "repo-naive", {})
+            res["repository"] = "benchmarks/baseline_repository (naive: HF AutoModel, bf16, sdpa, padded batch)"
+        else:
+            raise ValueError(f"unknown system {system!r} (rose, naive)")
+        log_file = self.work / f"triton-{system}.log"
+        log_file.unlink(missing_ok=True)
+        srv = TritonProcess(str(self.folder), repo, free_ports(), log_file=log_file)
+        t0 = time.monotonic()
+        log(f"{system}: starting tritonserver ({repo})")
+        srv.start()
+        try:
+            try:
+                srv.wait_ready(timeout=self.args.ready_timeout, models=SYSTEM_MODELS[system])
+            except Exception:
+                print(_tail(log_file), flush=True)
+                raise
+            res["startup"] = {"ready_s": round(time.monotonic() - t0, 2)}
+            log(f"{system}: ready in {res['startup']['ready_s']} s on {srv.grpc_url}")
+            self.gate(system, srv.grpc_url, res, t0)
+            self.save()
+            self.workloads(system, srv.grpc_url, pool, res, deadline)
+        finally:
+            code = srv.stop()
+            res["server_exit_code"] = code
+            shutil.copy(log_file, self.work / f"triton-{system}.last.log") if log_file.exists() else None
+            if res.get("error") or not (res.get("gate") or {}).get("passed", True):
+                print(_tail(log_file, 40), flush=True)
+
+    def gate(self, system: str, url: str, res: dict, t_launch: float) -> None:
+        from rose_client.transport import StreamConnection
+        conn = StreamConnection(url)
+        try:
+            t = time.monotonic()
+            ids = np.concatenate(self.gate_seqs)
+            lens = np.array([len(s) for s in self.gate_seqs], dtype=np.int32)
+            together = conn.infer(TOKEN_MODEL[system], [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(
+                self.args.first_request_timeout)["EMBEDDINGS"]
+            res["startup"]["first_response_s"] = round(time.monotonic() - t_launch, 2)
+            res["startup"]["first_request_ms"] = round((time.monotonic() - t) * 1e3, 1)
+            alone = np.concatenate([conn.infer(TOKEN_MODEL[system], [
+                ("INPUT_IDS", s), ("SEQ_LENS", np.array([len(s)], dtype=np.int32))]).result(600)["EMBEDDINGS"]
+                for s in self.gate_seqs])
+            texts = [folders.ids_to_text(s) for s in self.gate_texts]
+            text_out = conn.infer(TEXT_MODEL[system], [("TEXT", texts)]).result(600)["EMBEDDINGS"]
+        finally:
+            conn.close()
+        d_together = folders.cos_dist(together, self.ref)
+        d_alone = folders.cos_dist(alone, self.ref)
+        d_text = folders.cos_dist(text_out, self.ref_text)
+        worst = float(max(d_together.max(), d_alone.max(), d_text.max()))
+        res["gate"] = {"passed": bool(worst <= GATE_MAX_COS_DIST and np.isfinite(worst)),
+                       "max_cos_dist": worst,
+                       "one_request": [float(x) for x in d_together], "one_per_request": [float(x) for x in d_alone],
+                       "texts": [float(x) for x in d_text]}
+        log(f"{system}: gate {'PASSED' if res['gate']['passed'] else 'FAILED'}: max 1-cos {worst:.2e} "
+            f"(limit {GATE_MAX_COS_DIST:g}); first response {res['startup']['first_response_s']} s after launch")
+
+    def workloads(self, system: str, url: str, pool, res: dict, deadline) -> None:
+        m, vocab = self.m, self.vocab
+        w = res.setdefault("workloads", {"online": {}, "scoring": {}, "throughput": {}, "concurrency": {}})
+        tm, xm = TOKEN_MODEL[system], TEXT_MODEL[system]
+        cells = []
+        for n in m["online"]:
+            cells.append(("online", n, lambda n=n: workloads.sequential(
+                pool, url, tm, n, 1, m["online_n"], m["online_warmup"], vocab)))
+        for b in m["scoring"]:
+            cells.append(("scoring", b, lambda b=b: workloads.sequential(
+                pool, url, tm, m["scoring_len"], b, m["scoring_n"], m["scoring_warmup"], vocab)))
+        for n in m["throughput"]:
+            cells.append(("throughput", n, lambda n=n: workloads.throughput(
+                pool, url, tm, n, m["tput_batch"], m["tput_procs"], m["tput_batches"][n], m["tput_warmup"], vocab)))
+        for c in m["concurrency"]:
+            cells.append(("concurrency", c, lambda c=c: workloads.concurrency(
+                pool, url, xm, m["conc_len"], c, m["conc_total"], m["conc_warmup"], vocab)))
+        for workload, x, fn in cells:
+            if self.time_left(deadline) < 0:
+                w[workload][str(x)] = {"skipped": "time budget spent"}
+                log(f"{system}: {workload} {x}: skipped (time budget)")
+                continue
+            t = time.monotonic()
+            try:
+                w[workload][str(x)] = fn()
+            except Exception as e:
+                w[workload][str(x)] = {"error": f"{type(e).__name__}: {e}"}
+                log(f"{system}: {workload} {x}: ERROR {e}")
+                if isinstance(e, TimeoutError):
+                    raise
+            cell = w[workload][str(x)]
+            shown = (f"{cell['emb_per_s']} emb/s" if "emb_per_s" in cell else
+                     f"p50 {cell.get('p50_ms')} ms p99 {cell.get('p99_ms')} ms" if "p50_ms" in cell else "")
+            log(f"{system}: {workload} {x}: {shown} ({time.monotonic() - t:.1f} s)")
+            self.save()
+        if not self.args.no_perf_analyzer:
+            from rose_client.bench.perf import run_perf_analyzer, write_input_data
+            pa = res.setdefault("perf_analyzer", {"online": {}})
+            for n in m["online"]:
+                if self.time_left(deadline) < 0:
+                    pa["online"][str(n)] = {"skipped": "time budget spent"}
+                    continue
+                f = write_input_data(self.work / "perf_analyzer" / f"{self.model}_online_{n}.json", vocab, n)
+                r = run_perf_analyzer(url, tm, f, self.work / f"pa_{system}_{n}.csv", m["pa_interval_ms"])
+                pa["online"][str(n)] = r
+                log(f"{system}: perf_analyzer online {n}: "
+                    + (f"p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms" if "p50_ms" in r else r.get("error", "")[-300:]))
+                self.save()
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return f"--- last {n} lines of {path} ---\n" + "\n".join(lines[-n:])
+
+
+def summary(result: dict) -> str:
+    """A plain-text table of one result: ours / naive / published / goal per cell."""
+    rows = [f"{result.get('model_title')} ({result.get('mode')} mode, {(result.get('host') or {}).get('gpu') or 'CPU'})",
+            f"{'workload':<12}{'x':>6} {'rose p50/p99':>18} {'naive p50/p99':>18} {'vLLM':>8} {'Tulip':>8} {'goal':>8}"]
+    pub = result.get("published", {})
+    sysw = {s: (v.get("workloads") or {}) for s, v in result.get("systems", {}).items()}
+    for workload in ("online", "scoring", "throughput", "concurrency"):
+        xs = sorted({int(x) for w in sysw.values() for x in (w.get(workload) or {})})
+        for x in xs:
+            cells = []
+            for s in ("rose", "naive"):
+                c = (sysw.get(s, {}).get(workload) or {}).get(str(x)) or {}
+                if "emb_per_s" in c:
+                    cells.append(f"{c['emb_per_s']:.1f}/s")
+                elif "p50_ms" in c:
+                    cells.append(f"{c['p50_ms']:.2f}/{c['p99_ms']:.2f}")
+                else:
+                    cells.append(next(iter(c.values()), "-")[:18] if c else "-")
+            row = (pub.get(workload) or {}).get(str(x)) or {}
+            f = lambda v: "-" if v is None else (f"{v:.1f}" if isinstance(v, (int, float)) else  # noqa: E731
+                                                 ("-" if v[0] is None else f"{v[0]:.2f}"))
+            rows.append(f"{workload:<12}{x:>6} {cells[0]:>18} {cells[1]:>18} {f(row.get('vllm')):>8} "
+                        f"{f(row.get('tulip')):>8} {f(row.get('goal')):>8}")
+    for s, v in result.get("systems", {}).items():
+        g = v.get("gate") or {}
+        rows.append(f"{s}: gate {'passed' if g.get('passed') else 'FAILED'} (max 1-cos {g.get('max_cos_dist')}), "
+                    f"startup {v.get('startup')}" + (f", error {v['error']}" if v.get("error") else ""))
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rose_client.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--model", default="bge-m3", help="bge-m3 | pplx-embed | tiny-bert | tiny-qwen3")
+    p.add_argument("--mode", choices=sorted(MODES), default="full")
+    p.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                   help="fewer requests per cell: one model in a few minutes on an H200")
+    p.add_argument("--tiny", dest="mode", action="store_const", const="tiny", help="smoke test of the tool")
+    p.add_argument("--out", default="benchmarks/results", help="folder for bench_<model>.json and the PNGs")
+    p.add_argument("--workdir", default="/tmp/rose-bench", help="model folder, repositories, server logs")
+    p.add_argument("--folder", default=None, help="use this model folder instead of writing one")
+    p.add_argument("--systems", default="rose,naive")
+    p.add_argument("--device", default="auto", help="where the folder's weights and the reference are made")
+    p.add_argument("--baseline-repository", default=None)
+    p.add_argument("--rose-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra `rose` config.pbtxt parameter (repeatable)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="wall-clock budget: cells past it are skipped (shared evenly by the systems)")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--first-request-timeout", type=float, default=600.0)
+    p.add_argument("--no-perf-analyzer", action="store_true")
+    p.add_argument("--no-charts", action="store_true")
+    p.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    args = p.parse_args(argv)
+    return Bench(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The benchmark tool (client/rose_client/bench) on this CPU machine: a tiny random BERT folder,
+both our repository and the naive baseline through real tritonservers, the gate, the JSON schema,
+the charts and the README renderer. The numbers mean nothing here; the H200 runs are committed."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _naive_module():
+    spec = importlib.util.spec_from_file_location(
+        "naive_model", ROOT / "benchmarks" / "baseline_repository" / "naive" / "1" / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("shape", ["tiny-bert", "tiny-qwen3"])
+def test_naive_baseline_matches_the_float32_reference(tmp_path, shape):
+    """Padded batches (bidirectional mask for the decoder), ids and texts, against the reference."""
+    from rose_client.bench import folders
+    folder = folders.make_folder(shape, tmp_path / shape)
+    ref = folders.Reference(folder)
+    naive = _naive_module().NaiveEmbedder(folder)
+    rng = np.random.default_rng(3)
+    seqs = [folders.random_ids(rng, 1000, n) for n in (7, 64, 1, 33)]
+    want = ref.embed(seqs)
+    got = naive.embed_ids(np.concatenate(seqs), np.array([len(s) for s in seqs], dtype=np.int32))
+    assert folders.cos_dist(got, want).max() < 1e-5
+    texts = naive.embed_texts([folders.ids_to_text(s) for s in seqs])
+    assert folders.cos_dist(texts, want).max() < 1e-5
+    # the tokenizer maps one word to one token: "w12 w34" -> [12, 34]
+    assert naive.tokenizer("w12 w34 w999")["input_ids"] == [12, 34, 999]
+
+
+def test_perf_analyzer_input_data(tmp_path):
+    from rose_client.bench.perf import write_input_data
+    data = json.loads(write_input_data(tmp_path / "x.json", vocab=500, length=40, variants=3).read_text())["data"]
+    assert len(data) == 3
+    for d in data:
+        ids = d["INPUT_IDS"]["content"]
+        assert d["INPUT_IDS"]["shape"] == [40] and len(ids) == 40 and min(ids) >= 4 and max(ids) < 500
+        assert d["SEQ_LENS"] == {"content": [40], "shape": [1]}
+
+
+@pytest.mark.server
+def test_bench_tiny_end_to_end(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client")]))
+    p = subprocess.run([sys.executable, "-m", "rose_client.bench", "--model", "tiny-bert", "--tiny",
+                        "--no-perf-analyzer", "--out", str(out), "--workdir", str(work), "--git-commit", "test"],
+                       capture_output=True, text=True, env=env, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "bench_tiny-bert.json").read_text())
+    assert r["schema"] == "rose-bench/1" and r["mode"] == "tiny" and r["model"] == "tiny-bert"
+    assert r["git"]["commit"] == "test" and r["date"] and "command" in r and "host" in r
+    for system in ("rose", "naive"):
+        s = r["systems"][system]
+        assert "error" not in s
+        assert s["gate"]["passed"] and s["gate"]["max_cos_dist"] <= 1e-3
+        assert s["startup"]["ready_s"] > 0 and s["startup"]["first_response_s"] >= s["startup"]["ready_s"]
+        w = s["workloads"]
+        for workload, key in (("online", "p50_ms"), ("scoring", "p50_ms"), ("throughput", "emb_per_s"),
+                              ("concurrency", "p99_ms")):
+            assert w[workload], workload
+            for x, cell in w[workload].items():
+                assert cell.get(key, 0) > 0, (system, workload, x, cell)
+    assert sorted(r["charts"]) == sorted(f"bench_tiny-bert_{w}.png" for w in
+                                         ("online", "scoring", "throughput", "concurrency"))
+    assert all((out / c).stat().st_size > 1000 for c in r["charts"])
+
+    # the README section renders from that JSON, between the markers only
+    spec = importlib.util.spec_from_file_location("render_readme", ROOT / "benchmarks" / "render_readme.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{render.BEGIN}\nold\n{render.END}\nafter\n")
+    assert render.render(readme, render.section(out))
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{render.END}\nafter\n") and "old" not in text
+    assert "| online, 1 x 16 |" in text and "bench_tiny-bert_online.png" in text
