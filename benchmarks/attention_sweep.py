@@ -75,11 +75,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/attention_sweep.json")
     ap.add_argument("--table", default=str(TABLE_PATH))
+    ap.add_argument("--shapes", default="", help="comma list of SHAPES names (default: all)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     table = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "torch": torch.__version__,
              "date": time.strftime("%Y-%m-%d"), "shapes": {}, "names": {}, "errors": {}}
     for name, shape in SHAPES.items():
+        if args.shapes and name not in args.shapes.split(","):
+            continue
         backends = [n for n in available_backends(shape, "cuda") if n != "sdpa_loop"]
         table["names"][shape.key] = name
         objs = {}

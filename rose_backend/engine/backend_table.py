@@ -18,7 +18,9 @@ import math
 from pathlib import Path
 
 TABLE_PATH = Path(__file__).with_name("attention_table.json")
-PREFERENCE = ("flashinfer", "flashinfer_fa3", "flash_attn", "torch_varlen", "sdpa_loop")
+# With no measured cell: torch varlen first (fastest in most H200 cells, and validated there on
+# every shape), then flashinfer fa2, flash-attn, flashinfer fa3 (not validated in graphs yet).
+PREFERENCE = ("torch_varlen", "flashinfer", "flash_attn", "flashinfer_fa3", "sdpa_loop")
 
 
 class BackendTable:

@@ -155,7 +155,8 @@ class Engine:
         """The attention backend this engine runs for a configuration."""
         if self.attention is not None:
             return self.attention
-        return self.table.choose(self.shape.key, seqs, tokens, self.available)
+        fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
+        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available)
 
     def _use(self, name: str) -> AttentionBackend:
         be = self._backend(name)
@@ -259,7 +260,9 @@ class Engine:
 
     def _forward(self, v: _Views) -> torch.Tensor:
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
-        emb = pool(hidden, v.cu, v.seq, v.inv, self.cfg.pooling)              # [Sb + 1, H] float32
+        # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
+        cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
+        emb = pool(hidden, cu, v.seq, v.inv, self.cfg.pooling)                # [Sb + 1, H] float32
         return maybe_normalize(emb, self.cfg.normalize)
 
     def _run_unpadded(self, batch: PackedBatch, slot: _Slot) -> torch.Tensor:

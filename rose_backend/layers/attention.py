@@ -20,6 +20,7 @@ configuration (`meta.graph_key`); replays must be preceded by a `plan` of the sa
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Hashable
 
@@ -147,7 +148,9 @@ def unavailable_reason(name: str, shape: AttentionShape, device: torch.device | 
 
 
 def available_backends(shape: AttentionShape, device: torch.device | str) -> list[str]:
-    return [n for n in BACKENDS if unavailable_reason(n, shape, device) is None]
+    """Backends that can run `shape` here, less those named in $ROSE_ATTENTION_EXCLUDE (comma list)."""
+    excluded = {n.strip() for n in os.environ.get("ROSE_ATTENTION_EXCLUDE", "").split(",") if n.strip()}
+    return [n for n in BACKENDS if n not in excluded and unavailable_reason(n, shape, device) is None]
 
 
 def make_backend(name: str, shape: AttentionShape, device: torch.device | str) -> AttentionBackend:

@@ -102,14 +102,17 @@ class FlashInferBackend(AttentionBackend):
     All wrappers of a backend share one float workspace (128 MB) and one int workspace with its
     pinned mirror; before a plan overwrites the pinned mirror, we wait for the event recorded
     after the previous plan's host-to-device copy (that copy may still be queued on the stream).
-    Split-KV is off: with no KV cache the query tiles already fill the GPU, and it saves the
-    merge kernel.
+    Split-KV is off for eager batches (no KV cache: the query tiles fill the GPU, and no merge
+    kernel). In CUDA-graph mode it stays on: flashinfer pads the grid to a fixed size there and only
+    the split-KV schedule writes the mask that retires the padding blocks (with it off, those
+    blocks read stale schedule entries: an illegal address, seen on the H200 at 1 x 8192).
     """
     name = "flashinfer"
     flashinfer_backend = "fa2"
     supports_cuda_graphs = True
     device_types = ("cuda",)
-    float_workspace_bytes = 128 << 20
+    float_workspace_bytes = 256 << 20
+    max_tokens = 8192        # graph mode's split-KV scratch outgrows the workspace past this (H200 sweep)
     int_workspace_bytes = 8 << 20
 
     @classmethod
@@ -159,7 +162,7 @@ class FlashInferBackend(AttentionBackend):
         s = self.shape
         w.plan(cu, cu, s.num_heads, s.num_kv_heads, s.head_dim, causal=s.causal,
                sm_scale=self.scale, q_data_type=s.dtype, kv_data_type=s.dtype,
-               disable_split_kv=True)
+               disable_split_kv=meta.graph_key is None)
         if self._plan_done is None:
             self._plan_done = torch.cuda.Event()
         self._plan_done.record()

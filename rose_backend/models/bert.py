@@ -113,7 +113,7 @@ class BertEncoder(nn.Module):
                 params[target].copy_(torch.cat([qkv["query"], qkv["key"], qkv["value"]], dim=0))
                 loaded.add(target)
         if type0 is not None:
-            params["embed_positions.weight"].add_(type0)
+            params["embed_positions.weight"].add_(type0.to(params["embed_positions.weight"].device))
         missing = sorted(set(params) - loaded)
         if missing:
             raise KeyError(f"{model_dir}: weights missing from the safetensors files: {missing[:8]}")

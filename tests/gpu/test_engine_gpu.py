@@ -49,6 +49,11 @@ SHAPES = [AttentionShape(16, 16, 64, torch.bfloat16), AttentionShape(16, 8, 128,
           AttentionShape(16, 8, 128, torch.bfloat16, causal=True), AttentionShape(12, 12, 32, torch.bfloat16)]
 
 
+_KEYS = os.environ.get("ROSE_GPU_SHAPE_KEYS")
+if _KEYS:
+    SHAPES = [s for s in SHAPES if s.key in _KEYS.split(",")]
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.key)
 def test_backends_match_reference(shape):
     ref_be = make_backend("sdpa_loop", AttentionShape(shape.num_heads, shape.num_kv_heads, shape.head_dim,
