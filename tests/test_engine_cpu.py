@@ -111,3 +111,29 @@ def test_backend_table_choice(tmp_path):
 def test_engine_uses_cpu_backend(cfg, eager):
     assert eager.backend_for(1, 128) == "sdpa_loop"
     assert isinstance(eager.model.attn, SdpaLoopBackend)
+
+
+def test_max_seqlen_bound_joins_the_key_for_grid_backends(cfg, eager):
+    from rose_backend.layers.attention import register_backend
+
+    @register_backend
+    class BoundLoop(SdpaLoopBackend):          # a CPU stand-in for a varlen kernel
+        name = "test_bound_loop"
+        graph_max_seqlen = True
+
+        def plan(self, meta):
+            assert meta.max_seqlen >= max(meta.seq_lens)
+            super().plan(meta)
+
+    g = Engine(cfg, graphs=True, attention="test_bound_loop", max_tokens=1024, max_seqs=8)
+    short = PackedBatch(np.arange(3, 63, dtype=np.int32), np.array([30, 30], np.int32))       # longest 30
+    long_ = PackedBatch(np.arange(3, 63, dtype=np.int32), np.array([5, 55], np.int32))        # longest 55
+    keys = []
+    for b in (short, short, short, long_):
+        np.testing.assert_allclose(g.step(b).synchronize(), eager.step(b).synchronize(), atol=1e-5)
+        keys.append(g.last_key)
+    assert keys[0] == (2, 64, 64) and keys[3] == (2, 64, 64)    # dummy of 4 and both lengths < 64
+    b = PackedBatch(np.arange(3, 203, dtype=np.int32), np.array([150, 50], np.int32))
+    g.step(b).synchronize()
+    assert g.last_key == (2, 256, 256)
+    assert g.stats.graph_captures == 1 and g.stats.graph_replays == 2

@@ -132,6 +132,7 @@ class Engine:
         words = 3 * tb + 2 * sb + 3
         self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
         self._views: dict[Key, _Views] = {}
+        self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
         self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
         self._next_slot = 0
         self.stats = EngineStats()
@@ -228,13 +229,20 @@ class Engine:
         words = self._stage(batch, sb, tb, slot)
         self._static[:words].copy_(slot.staging[:words], non_blocking=True)
         be = self._use(self.backend_for(sb, tb))
+        # max_seqlen is baked into captured launches: a fixed bound per configuration (real
+        # sequences fit the model's positions; the dummy holds < 256 tokens of padding). Backends
+        # whose grid follows it (FlashAttention varlen) get a power-of-two bound on the batch's
+        # longest sequence as a third key element, so 100 x 512 does not launch 8192-row grids.
+        bound = min(tb, max(self.max_len, 256))
+        if be.graph_max_seqlen:
+            longest = max(batch.max_seqlen, tb - batch.num_tokens, 1)
+            bound = min(bound, max(64, 1 << (longest - 1).bit_length()))
+            key = (sb, tb, bound)
+        self.last_key = key
         o = 3 * tb
         cu_host = slot.staging[o:o + sb + 2]
         lens = np.diff(slot.np[o:o + sb + 2]).tolist()
-        # max_seqlen is baked into captured launches: a fixed bound per configuration (real
-        # sequences fit the model's positions; the dummy holds < 256 tokens of padding)
-        be.plan(AttentionMetadata(v.cu, min(tb, max(self.max_len, 256)), lens,
-                                  self.cfg.causal, graph_key=key, cu_seqlens_host=cu_host))
+        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=key, cu_seqlens_host=cu_host))
         if self.device.type == "cuda":
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()

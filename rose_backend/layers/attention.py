@@ -62,6 +62,7 @@ class AttentionBackend:
     """Base class. Subclasses set `name` and implement `run` (and `plan` when they precompute)."""
     name = "base"
     supports_cuda_graphs = False
+    graph_max_seqlen = False      # True: the launch grid follows meta.max_seqlen (the engine keys graphs on it)
     device_types: tuple[str, ...] = ("cpu", "cuda")
 
     def __init__(self, shape: AttentionShape, device: torch.device):

@@ -29,6 +29,7 @@ class TorchVarlenBackend(AttentionBackend):
     """
     name = "torch_varlen"
     supports_cuda_graphs = True
+    graph_max_seqlen = True
     device_types = ("cuda",)
 
     @classmethod
@@ -71,6 +72,7 @@ class FlashAttnVarlenBackend(AttentionBackend):
     """flash_attn.flash_attn_varlen_func (the flash-attn package), when it is installed."""
     name = "flash_attn"
     supports_cuda_graphs = True
+    graph_max_seqlen = True
     device_types = ("cuda",)
 
     @classmethod
