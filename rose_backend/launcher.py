@@ -98,7 +98,8 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
         ld.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(p for p in ld if p)
     # The stub runs the models with this Python: make the project and this environment importable.
-    paths = [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
+    # ROSE_STUB_SITE, if set, comes first (see stub_site()).
+    paths = [p for p in [stub_site()] if p] + [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
     paths += [p for p in sys.path if p and ("site-packages" in p or p.endswith("dist-packages"))]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
@@ -109,6 +110,21 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "true")
     return env
+
+
+def stub_site() -> str | None:
+    """$ROSE_STUB_SITE: a folder of packages the backend stub must import before anything else.
+
+    Triton 2.51's Python backend is built with pybind11 2.10, which misreads numpy 2 arrays (every
+    element reads as the first; python_backend#384). Where the interpreter has numpy 2, point this at
+    a folder holding numpy<2 (benchmarks/gpu/add_stub_numpy.sh). The stub imports numpy before any
+    model code runs, from its own sys.path whose first entry is the working directory, so the
+    server is started in this folder.
+    """
+    path = os.environ.get("ROSE_STUB_SITE", "").strip()
+    if path and not Path(path, "numpy").is_dir():
+        raise LaunchError(f"ROSE_STUB_SITE={path} holds no numpy package")
+    return path or None
 
 
 @dataclass
@@ -127,7 +143,7 @@ class TritonProcess:
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0):
-        self.model_dir, self.repository = model_dir, Path(repository)
+        self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.ports, self.address = ports or Ports(), address
         self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
         self.proc: subprocess.Popen | None = None
@@ -148,7 +164,7 @@ class TritonProcess:
         install = find_triton()
         env = server_env(self.model_dir, install, self.env)
         out = open(self.log_file, "ab") if self.log_file else None
-        self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None,
+        self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None, cwd=stub_site(),
                                      stderr=subprocess.STDOUT if out else None, start_new_session=True)
         if out:
             out.close()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Triton 2.51's Python backend (the nvidia-pytriton 0.7.0 build in the GPU kit) is compiled with
+# pybind11 2.10, which misreads numpy 2 arrays (every element reads as the first; outputs come back
+# empty: python_backend#384). The H200 image has numpy 2.x, so the stub needs a numpy 1.26 of its
+# own. This packs one (cp312, tests stripped, ~8 MB) into the kit:  bash benchmarks/gpu/add_stub_numpy.sh [.gpu]
+# On the device:  mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site \
+#                 && export ROSE_STUB_SITE=/tmp/stub-site      # the launcher then gives it to the stub
+set -euo pipefail
+DEST=${1:-.gpu}
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "numpy==1.26.4" -d "$TMP" 2>&1 | grep -v '^WARNING: Location' || true
+mkdir "$TMP/site" && (cd "$TMP/site" && unzip -q "$TMP"/numpy-1.26.4-*.whl \
+  && find numpy -name tests -type d -prune -exec rm -rf {} + && find numpy -name '*.pyi' -delete \
+  && tar -cf - numpy numpy.libs numpy-1.26.4.dist-info | xz -T0 -9 > "$OLDPWD/$DEST/stub-numpy.tar.xz")
+ls -la "$DEST/stub-numpy.tar.xz"

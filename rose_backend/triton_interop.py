@@ -1,0 +1,22 @@
+"""A start-up check that the Python backend hands numpy arrays over intact.
+
+Triton 2.51's Python backend (pybind11 2.10) misreads numpy 2 arrays: the shape survives but every
+element reads as the first, and numpy outputs arrive empty. That would turn every request into
+silently wrong embeddings, so each model refuses to start instead, saying what to do.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_numpy_interop(pb_utils, model: str) -> None:
+    probe = np.arange(1, 6, dtype=np.int32)
+    seen = pb_utils.Tensor("probe", probe).as_numpy()
+    text = np.array([b"ab", b"cde"], dtype=np.object_)
+    seen_text = pb_utils.Tensor("probe_text", text).as_numpy()
+    if seen.tolist() != probe.tolist() or [bytes(x) for x in seen_text.reshape(-1)] != [b"ab", b"cde"]:
+        raise pb_utils.TritonModelException(
+            f"{model}: the Python backend passes numpy arrays incorrectly (sent {probe.tolist()}, read "
+            f"{seen.tolist()}) with numpy {np.__version__}. Triton 2.51's Python backend needs numpy<2: "
+            "point ROSE_STUB_SITE at a folder holding numpy 1.26 (benchmarks/gpu/add_stub_numpy.sh), "
+            "or use a Triton build whose Python backend supports numpy 2.")
