@@ -1,5 +1,11 @@
-"""rose_client: Python client of the rose embedding server (no torch, nothing of the server side)."""
-from rose_client.client import EmbeddingClient
+"""rose_client: Python client of the rose embedding server (no torch, nothing of the server side).
+
+    from rose_client import EmbeddingClient
+    client = EmbeddingClient("127.0.0.1:8001,127.0.0.1:8011")
+    emb = client.embed(["hello world"], task="query")     # float32 [1, D]
+"""
+from rose_client.client import AllReplicasDown, AsyncEmbeddingClient, EmbeddingClient
 from rose_client.transport import ConnectionLost, ServerError, StreamConnection
 
-__all__ = ["EmbeddingClient", "StreamConnection", "ServerError", "ConnectionLost"]
+__all__ = ["EmbeddingClient", "AsyncEmbeddingClient", "AllReplicasDown", "StreamConnection", "ServerError",
+           "ConnectionLost"]

@@ -27,7 +27,19 @@ _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_mes
 
 
 class ServerError(RuntimeError):
-    """The server answered a request with an error (bad input, overload, ...)."""
+    """The server answered a request with an error (bad input, overload, ...).
+
+    `retryable` is True when the server said it is overloaded / unavailable ("... retry later"):
+    the same request may succeed later or elsewhere. Bad input is not retryable.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        low = message.lower()
+        self.retryable = any(m in low for m in _RETRYABLE_MARKERS)
+
+
+_RETRYABLE_MARKERS = ("overloaded", "retry later", "unavailable", "exceeds the queue", "resource exhausted")
 
 
 class ConnectionLost(ConnectionError):
@@ -118,12 +130,14 @@ class StreamConnection:
         for fut in pending.values():
             fut.set_exception(error)
 
-    def close(self):
+    def close(self, wait: bool = True):
+        """Close the stream; requests still pending fail with ConnectionLost (never left hanging)."""
         with self._lock:
             self._closed = True
         self._outbox.put(None)
         self._channel.close()
-        self._reader.join(5)
+        if wait and threading.current_thread() is not self._reader:
+            self._reader.join(5)
 
 
 def _outputs(response) -> dict[str, np.ndarray]:

@@ -1,0 +1,293 @@
+"""rose-embed: embed a file of texts in bulk through rose servers, resumably.
+
+    rose-embed texts.txt out.npy --url 127.0.0.1:8001,127.0.0.1:8011
+    rose-embed docs.jsonl out.parquet --field body --task passage
+    rose-embed docs.parquet out.npy --field text --resume        # continue an interrupted run
+
+Input: .txt (one text a line, every line), .jsonl (one JSON object a line, the text in --field;
+blank lines skipped), .parquet (column --field). Output: .npy (float32 [n, D]) or .parquet
+(columns `row` int64 and `embedding` fixed-size list of float32), rows in input order.
+
+The work is cut into blocks of --block rows. Each finished block is written to
+OUTPUT.partial/part-NNNNNN.npy (atomically: written aside, then renamed) beside a manifest; at the
+end the parts are joined into OUTPUT and the .partial folder is removed. After an interruption
+(Ctrl-C, a crash, a killed job), `--resume` checks the manifest against the input and options and
+embeds only the blocks not yet written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from rose_client.client import EmbeddingClient
+
+INPUTS = (".txt", ".jsonl", ".parquet")
+OUTPUTS = (".npy", ".parquet")
+
+
+class CliError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------ input
+def count_rows(path: Path, field: str) -> int:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        f = pq.ParquetFile(path)
+        if field not in f.schema_arrow.names:
+            raise CliError(f"{path} has no column {field!r} (columns: {f.schema_arrow.names}); use --field")
+        return f.metadata.num_rows
+    with open(path, "rb") as f:
+        if path.suffix == ".txt":
+            return sum(1 for _ in f)
+        return sum(1 for line in f if line.strip())
+
+
+def iter_texts(path: Path, field: str, start: int):
+    """Texts from row `start` on, with clear errors naming the line / row."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        row = 0
+        for batch in pq.ParquetFile(path).iter_batches(columns=[field], batch_size=8192):
+            values = batch.column(0).to_pylist()
+            for i in range(max(0, start - row), len(values)):
+                yield _check(values[i], path, f"row {row + i}")
+            row += len(values)
+        return
+    row = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if path.suffix == ".txt":
+                text = line.rstrip("\n").rstrip("\r")
+                if row >= start and not text:
+                    raise CliError(f"{path}:{lineno} is an empty line; every line of a .txt input is a text")
+            else:
+                if not line.strip():
+                    continue
+                if row >= start:
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise CliError(f"{path}:{lineno}: not valid JSON ({e})") from None
+                    if not isinstance(obj, dict) or field not in obj:
+                        raise CliError(f"{path}:{lineno}: no field {field!r}; use --field")
+                    text = obj[field]
+            if row >= start:
+                yield _check(text, path, f"line {lineno}")
+            row += 1
+
+
+def _check(text, path, where):
+    if not isinstance(text, str) or not text:
+        raise CliError(f"{path} {where}: expected a non-empty string, got {text!r}")
+    return text
+
+
+def blocks(it, size: int):
+    block = []
+    for t in it:
+        block.append(t)
+        if len(block) == size:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+# ------------------------------------------------------------------------------------ output
+def write_atomic(path: Path, data: bytes | np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        if isinstance(data, np.ndarray):
+            np.save(f, data)
+        else:
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def assemble(parts: list[Path], out: Path, n: int) -> int:
+    first = np.load(parts[0], mmap_mode="r")
+    dim = first.shape[1]
+    tmp = out.with_name(out.name + ".tmp")
+    if out.suffix == ".npy":
+        dest = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, dim))
+        row = 0
+        for p in parts:
+            a = np.load(p, mmap_mode="r")
+            dest[row:row + len(a)] = a
+            row += len(a)
+        dest.flush()
+        del dest
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        schema = pa.schema([("row", pa.int64()), ("embedding", pa.list_(pa.float32(), dim))])
+        row = 0
+        with pq.ParquetWriter(tmp, schema) as w:
+            for p in parts:
+                a = np.ascontiguousarray(np.load(p), dtype=np.float32)
+                emb = pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)), dim)
+                w.write_table(pa.table({"row": pa.array(np.arange(row, row + len(a), dtype=np.int64)),
+                                        "embedding": emb}, schema=schema))
+                row += len(a)
+    if row != n:
+        raise CliError(f"internal error: parts hold {row} rows, the input {n}")
+    os.replace(tmp, out)
+    return dim
+
+
+# ------------------------------------------------------------------------------------ the run
+def run(args) -> int:
+    src, out = Path(args.input), Path(args.output)
+    if src.suffix not in INPUTS:
+        raise CliError(f"input must be one of {', '.join(INPUTS)}, got {src.name}")
+    if out.suffix not in OUTPUTS:
+        raise CliError(f"output must be one of {', '.join(OUTPUTS)}, got {out.name}")
+    if not src.exists():
+        raise CliError(f"{src} does not exist")
+    partial = out.with_name(out.name + ".partial")
+    st = src.stat()
+    manifest = {"input": str(src.resolve()), "input_bytes": st.st_size, "input_mtime_ns": st.st_mtime_ns,
+                "field": args.field, "task": args.task, "model": args.model, "block": args.block}
+    if args.overwrite:
+        shutil.rmtree(partial, ignore_errors=True)
+        out.unlink(missing_ok=True)
+    if out.exists():
+        if args.resume and not partial.exists():
+            print(f"rose-embed: {out} is already complete; nothing to do", file=sys.stderr)
+            return 0
+        raise CliError(f"{out} exists; pass --overwrite to replace it")
+
+    done_blocks = 0
+    if partial.exists():
+        if not args.resume:
+            raise CliError(f"an interrupted run left {partial}; pass --resume to continue it "
+                           "or --overwrite to start over")
+        old = json.loads((partial / "manifest.json").read_text())
+        diff = {k: (old.get(k), v) for k, v in manifest.items() if k != "rows" and old.get(k) != v}
+        if diff:
+            raise CliError(f"cannot resume: the input or options changed since {partial} was written "
+                           f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
+                           "pass --overwrite to start over")
+        while (partial / f"part-{done_blocks:06d}.npy").exists():
+            done_blocks += 1
+    else:
+        if args.resume:
+            print(f"rose-embed: nothing to resume at {partial}; starting from the beginning", file=sys.stderr)
+        partial.mkdir(parents=True)
+
+    n = count_rows(src, args.field)
+    if n == 0:
+        raise CliError(f"{src} holds no texts")
+    manifest["rows"] = n
+    write_atomic(partial / "manifest.json", json.dumps(manifest, indent=1).encode())
+    start = min(done_blocks * args.block, n)
+    if start:
+        print(f"rose-embed: resuming at row {start} of {n}: {done_blocks} blocks already written "
+              f"are not recomputed", file=sys.stderr)
+
+    client = EmbeddingClient(args.url, model=args.model, tokenizer=args.tokenizer, timeout=args.timeout,
+                             token_budget=args.token_budget)
+    bar = _progress(n, start, args.quiet)
+    t0, embedded = time.monotonic(), 0
+    try:
+        with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+            inflight: deque = deque()
+            k = done_blocks
+
+            def drain_one():
+                nonlocal k, embedded
+                emb = inflight.popleft().result()
+                write_atomic(partial / f"part-{k:06d}.npy", emb.astype(np.float32, copy=False))
+                k += 1
+                embedded += len(emb)
+                bar.update(len(emb))
+
+            for block in blocks(iter_texts(src, args.field, start), args.block):
+                inflight.append(pool.submit(client.embed, block, args.task))
+                if len(inflight) >= args.concurrency:
+                    drain_one()
+            while inflight:
+                drain_one()
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\nrose-embed: interrupted; {embedded + start} of {n} rows are saved in {partial}. "
+              f"Run the same command with --resume to continue.", file=sys.stderr)
+        return 130
+    finally:
+        client.close()
+    bar.close()
+    parts = sorted(partial.glob("part-*.npy"))
+    dim = assemble(parts, out, n)
+    shutil.rmtree(partial)
+    dt = time.monotonic() - t0
+    print(f"rose-embed: {n} embeddings ({dim}-dim) in {out}; {embedded} embedded in this run in {dt:.1f} s "
+          f"({embedded / max(dt, 1e-9):.0f} embeddings/s)", file=sys.stderr)
+    return 0
+
+
+def _progress(total: int, initial: int, quiet: bool):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the [cli] extra
+        class _NoBar:
+            def update(self, n):
+                pass
+
+            def close(self):
+                pass
+        return _NoBar()
+    return tqdm(total=total, initial=initial, unit="emb", unit_scale=True, desc="rose-embed",
+                disable=quiet, smoothing=0.1, dynamic_ncols=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rose-embed", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="texts: .txt (a line each), .jsonl (--field) or .parquet (--field)")
+    p.add_argument("output", help="embeddings: .npy or .parquet")
+    p.add_argument("--url", default=os.environ.get("ROSE_URL", "127.0.0.1:8001"),
+                   help="comma-separated gRPC urls of the replicas (default $ROSE_URL or 127.0.0.1:8001)")
+    p.add_argument("--field", default="text", help="JSON field / parquet column holding the text (default text)")
+    p.add_argument("--task", default=None, help="task / prompt name, e.g. query or passage")
+    p.add_argument("--model", default="embed", help="Triton model taking TEXT (default embed)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json or model folder for exact token counts")
+    p.add_argument("--block", type=int, default=2048, help="rows per saved block, the unit of resuming (default 2048)")
+    p.add_argument("--concurrency", type=int, default=4, help="blocks in flight at once (default 4)")
+    p.add_argument("--token-budget", type=int, default=2048, help="tokens per chunk sent to a replica (default 2048)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per block (default 600)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUTPUT.partial")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT and any partial run")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.block < 1 or args.concurrency < 1:
+        print("rose-embed: --block and --concurrency must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        return run(args)
+    except CliError as e:
+        print(f"rose-embed: {e}", file=sys.stderr)
+        return 2
+    except (ConnectionError, TimeoutError, RuntimeError) as e:
+        print(f"rose-embed: {type(e).__name__}: {e}\nWhat was finished is kept; run again with --resume.",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
