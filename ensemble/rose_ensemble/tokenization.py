@@ -30,6 +30,7 @@ class TextTokenizer:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     max_text_bytes: int = 0             # 0: no limit; otherwise texts are cut to this many bytes first
+    max_texts: int = 0                  # 0: no limit; otherwise more texts in one request are refused
 
     def __post_init__(self):
         self.tokenizer.no_padding()
@@ -38,7 +39,7 @@ class TextTokenizer:
     @classmethod
     def from_folder(cls, model_dir: str | Path, max_seq_length: int | None = None,
                     prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
-                    max_text_bytes: int = 0) -> "TextTokenizer":
+                    max_text_bytes: int = 0, max_texts: int = 0) -> "TextTokenizer":
         from rose_backend.config import ModelConfig   # no torch: config.py imports only the stdlib
         cfg = ModelConfig.from_folder(model_dir)
         merged = dict(cfg.prompts)
@@ -46,7 +47,7 @@ class TextTokenizer:
         return cls(Tokenizer.from_file(str(Path(cfg.model_dir) / "tokenizer.json")),
                    max_seq_length or cfg.max_seq_length, merged,
                    default_prompt_name if default_prompt_name is not None else cfg.default_prompt_name,
-                   max_text_bytes)
+                   max_text_bytes, max_texts)
 
     @property
     def vocab_size(self) -> int:
@@ -62,23 +63,30 @@ class TextTokenizer:
         return self.prompts[name]
 
     def decode_texts(self, raw: list[bytes] | np.ndarray) -> list[str]:
-        """BYTES elements -> str, refusing empty or invalid UTF-8 texts with their index."""
+        """BYTES elements -> str, refusing empty or invalid UTF-8 texts with their index.
+        A text longer than max_text_bytes is cut to that many bytes first (before decoding and
+        tokenizing, so a 10 MB string costs no more than a long one; a cut-off partial character
+        is dropped); truncation to max_seq_length tokens happens later in any case."""
         if len(raw) == 0:
             raise InputError("TEXT is empty: send at least one text")
+        if self.max_texts and len(raw) > self.max_texts:
+            raise InputError(f"the request has {len(raw)} texts; the limit is max_request_texts={self.max_texts}")
         texts = []
         for i, b in enumerate(raw):
             if isinstance(b, str):
                 b = b.encode("utf-8")
-            if self.max_text_bytes and len(b) > self.max_text_bytes:
-                b = b[: self.max_text_bytes]
-                texts.append(b.decode("utf-8", errors="ignore"))   # a cut may split a character
-                continue
             if len(b) == 0:
                 raise InputError(f"TEXT[{i}] is an empty string")
+            cut = bool(self.max_text_bytes) and len(b) > self.max_text_bytes
+            if cut:
+                b = b[: self.max_text_bytes]
             try:
                 texts.append(b.decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise InputError(f"TEXT[{i}] is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                # a cut may split the last character: drop those (at most 3) bytes, nothing else
+                if not (cut and e.start >= len(b) - 3 and e.reason == "unexpected end of data"):
+                    raise InputError(f"TEXT[{i}] is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                texts.append(b[: e.start].decode("utf-8"))
         return texts
 
     def encode(self, texts: list[str], prompt_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,9 @@
 config.pbtxt parameters: model_dir (default: $ROSE_MODEL_DIR, else the default model),
 prompts (JSON {name: prefix}, added to / overriding the model's), default_prompt_name,
 max_seq_length (default: the model's), max_text_bytes (texts are cut to this many bytes before
-tokenizing, so a huge string costs no more than a long one; default 65536).
+tokenizing, so a huge string costs no more than a long one; default 65536), max_request_texts
+(texts per request, default 4096; more is refused with an error naming the limit).
+Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
+from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
 from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
 
 
 class TokenizeModel:
     def initialize(self, args):
+        check_numpy_interop(pb_utils, "tokenize")
         params = ModelParameters(args["model_config"])
         try:
             self.tokenizer = TextTokenizer.from_folder(
@@ -25,6 +29,7 @@ class TokenizeModel:
                 prompts=parse_prompts(params.str("prompts")),
                 default_prompt_name=params.str("default_prompt_name") or None,
                 max_text_bytes=params.int("max_text_bytes", 65536, minimum=0),
+                max_texts=params.int("max_request_texts", 4096, minimum=1),
             )
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
@@ -50,4 +55,7 @@ class TokenizeModel:
             return pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens)])
         except InputError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tokenize: {e}"))
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tokenize: {e}", pb_utils.TritonError.INVALID_ARG))
+        except Exception as e:  # never fail the whole batch of requests for one request's sake
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"tokenize: {type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL))

@@ -32,6 +32,7 @@ class Request:
     remaining: int = field(init=False)               # sequences not yet computed
     output: np.ndarray | None = field(init=False, default=None)   # [S, D] float32, filled as batches finish
     error: str | None = field(init=False, default=None)
+    error_kind: str = field(init=False, default="internal")   # internal | unavailable | cancelled
     admitted_at: float = field(init=False, default_factory=time.monotonic)
     finished: bool = field(init=False, default=False)
 
@@ -75,6 +76,46 @@ class ScheduledBatch:
 
     def requests(self) -> list[Request]:
         return [p.request for p in self.pieces]
+
+    @classmethod
+    def of(cls, pieces: list[Piece]) -> "ScheduledBatch":
+        """A batch of `pieces` in this order, rows renumbered from 0."""
+        out, row, tokens = [], 0, 0
+        for p in pieces:
+            out.append(Piece(p.request, p.first, p.last, row))
+            row += p.last - p.first
+            tokens += int(p.request.offsets[p.last] - p.request.offsets[p.first])
+        return cls(out, tokens, row)
+
+    def live(self) -> "ScheduledBatch | None":
+        """This batch without the pieces of requests already answered (failed or cancelled)."""
+        if all(not p.request.finished for p in self.pieces):
+            return self
+        kept = [p for p in self.pieces if not p.request.finished]
+        return ScheduledBatch.of(kept) if kept else None
+
+    def split(self) -> tuple["ScheduledBatch", "ScheduledBatch"]:
+        """Two batches holding about half of the tokens each (at least one sequence each), in
+        order; for retrying a batch that ran out of memory. Needs num_seqs >= 2."""
+        if self.num_seqs < 2:
+            raise ValueError("a batch of one sequence cannot be split")
+        lens = np.concatenate([p.request.seq_lens[p.first:p.last] for p in self.pieces])
+        ends, half = np.cumsum(lens), self.num_tokens / 2
+        i = int(np.searchsorted(ends, half))            # rows [0, cut) go first, cut nearest half
+        cut = i + 1 if i == 0 or ends[i] - half < half - ends[i - 1] else i
+        cut = min(max(cut, 1), self.num_seqs - 1)
+        first, second = [], []
+        for p in self.pieces:
+            n = p.last - p.first
+            if p.row + n <= cut:
+                first.append(p)
+            elif p.row >= cut:
+                second.append(p)
+            else:
+                mid = p.first + cut - p.row
+                first.append(Piece(p.request, p.first, mid, p.row))
+                second.append(Piece(p.request, mid, p.last, 0))
+        return ScheduledBatch.of(first), ScheduledBatch.of(second)
 
 
 class Scheduler:

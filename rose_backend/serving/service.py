@@ -9,10 +9,23 @@
 
 The next batch is launched before the previous one is collected (up to `max_inflight` in flight),
 so the device never waits for the host between batches.
+
+Failure handling (the service keeps serving through all of these):
+    overload      submit() raises Overloaded once `max_queued_tokens` are waiting (answer at once,
+                  "retry later"; nothing queues without bound)
+    cancellation  requests that waited in the pool are asked whether their caller is gone; a
+                  cancelled request leaves the pool, its remaining sequences are never computed
+                  and it gets its one FINAL response (an error) like every other request
+    out of memory a batch whose forward pass runs out of memory is split in halves and retried,
+                  down to single sequences; a single sequence that still fails gets an error
+    other errors  the batch's requests get an error response
+    shutdown      stop(timeout) finishes what was admitted; whatever is left when the time is up
+                  gets an explicit "shutting down" error, so no request is left unanswered
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -26,8 +39,25 @@ from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
 log = logging.getLogger(__name__)
 
 
-class Overloaded(RuntimeError):
+class Unavailable(RuntimeError):
+    """The service cannot take this request now; the caller should retry later (or elsewhere)."""
+
+
+class Overloaded(Unavailable):
     """The pool holds more queued tokens than allowed; the caller should retry later."""
+
+
+class ShuttingDown(Unavailable):
+    """The service is stopping and takes no new requests."""
+
+
+CANCELLED = "the request was cancelled"
+SHUTTING_DOWN = "the server is shutting down; retry later (on another server)"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or a RuntimeError saying so (other allocators, older torch)."""
+    return type(e).__name__ == "OutOfMemoryError" or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
 
 
 @dataclass(slots=True)
@@ -38,6 +68,7 @@ class ServiceStats:
     cancelled: int = 0
     batches: int = 0
     batch_tokens: int = 0
+    oom_splits: int = 0             # batches that ran out of memory and were split and retried
 
 
 class EmbeddingService:
@@ -51,6 +82,7 @@ class EmbeddingService:
         self.stats = ServiceStats()
         self._cond = threading.Condition()
         self._stopping = False
+        self._abort = False                                  # stop(): the drain time is up
         self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
         self._thread = threading.Thread(target=self._loop, name="rose-scheduler", daemon=True)
         self._thread.start()
@@ -61,7 +93,7 @@ class EmbeddingService:
             raise ValueError("a request needs at least one sequence")
         with self._cond:
             if self._stopping:
-                raise RuntimeError("the embedding service is shutting down")
+                raise ShuttingDown(SHUTTING_DOWN)
             if self.max_queued_tokens and self.scheduler.queued_tokens + request.num_tokens > self.max_queued_tokens \
                     and self.scheduler.queued_tokens > 0:
                 raise Overloaded(f"overloaded: {self.scheduler.queued_tokens} tokens already queued "
@@ -75,13 +107,22 @@ class EmbeddingService:
         return self.scheduler.queued_tokens
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Finish everything admitted so far, then stop the loop thread."""
+        """Refuse new requests and finish everything admitted so far; after `timeout` seconds,
+        answer whatever is still waiting with a "shutting down" error (batches already running
+        are collected and delivered), then stop the loop thread."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.error("the scheduler thread did not drain within %.0f s", timeout)
+            log.error("the pool did not drain within %.0f s; failing the %d tokens still queued",
+                      timeout, self.scheduler.queued_tokens)
+            with self._cond:
+                self._abort = True
+                self._cond.notify()
+            self._thread.join(max(5.0, timeout / 4))
+            if self._thread.is_alive():
+                log.error("the scheduler thread did not stop")
 
     # ---- loop thread ------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -91,6 +132,9 @@ class EmbeddingService:
                 while not self._stopping and not self.scheduler.has_work() and not self._inflight:
                     self._cond.wait()
                 if self._stopping and not self.scheduler.has_work() and not self._inflight:
+                    return
+                if self._abort:
+                    self._abort_all()
                     return
                 if len(self._inflight) < self.max_inflight:
                     batch = self.scheduler.next_batch()
@@ -105,14 +149,37 @@ class EmbeddingService:
                     self._collect(block=True)
             except Exception:  # never let the loop die: that would strand every request
                 log.exception("scheduler loop error")
+            del batch, gone                   # hold no finished request while waiting (see _release)
+
+    def _abort_all(self) -> None:
+        """Called with the lock held when stop()'s time is up: answer everything still waiting."""
+        left = list(self.scheduler.pool) + self.scheduler.take_cancelled()
+        for r in left:
+            self.scheduler.remove(r)
+        self._cond.release()
+        try:
+            try:
+                while self._inflight:
+                    self._collect(block=True)
+            except Exception:
+                log.exception("collecting a batch during shutdown failed")
+            for r in left:
+                if not r.finished:
+                    r.error, r.error_kind = SHUTTING_DOWN, "unavailable"
+                    self._finish(r)
+        finally:
+            self._cond.acquire()
 
     def _launch(self, batch: ScheduledBatch) -> None:
-        live = [p for p in batch.pieces if p.request.error is None]
-        if not live:
+        batch = batch.live()                  # a request may have failed since it was scheduled
+        if batch is None:
             return
         try:
             handle = self.engine.step(batch.pack())
-        except Exception as e:  # e.g. out of memory: fail this batch's requests, keep serving
+        except Exception as e:
+            if is_out_of_memory(e):
+                self._split_and_retry(batch, e)
+                return
             log.exception("forward pass failed for a batch of %d sequences / %d tokens",
                           batch.num_seqs, batch.num_tokens)
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
@@ -120,6 +187,39 @@ class EmbeddingService:
         self.stats.batches += 1
         self.stats.batch_tokens += batch.num_tokens
         self._inflight.append((batch, handle))
+
+    def _split_and_retry(self, batch: ScheduledBatch, error: BaseException) -> None:
+        """The forward pass of `batch` ran out of memory. Collect the batches in flight (their
+        memory comes back), then run the batch in halves, each half split again while it still
+        does not fit, synchronously (a slow path); a single sequence that does not fit fails."""
+        self.stats.oom_splits += 1
+        log.warning("out of memory on a batch of %d sequences / %d tokens (%s); splitting it and retrying",
+                    batch.num_seqs, batch.num_tokens, error)
+        while self._inflight:
+            self._collect(block=True)
+        todo = [batch]                        # a stack: halves are pushed second-first, so order holds
+        while todo:
+            b = todo.pop().live()
+            if b is None:
+                continue
+            _free_device_cache()
+            try:
+                emb = self.engine.step(b.pack()).synchronize()        # [S, D] float32
+            except Exception as e:
+                if is_out_of_memory(e) and b.num_seqs > 1:
+                    first, second = b.split()
+                    todo += [second, first]
+                    continue
+                log.error("forward pass failed for %d sequences / %d tokens: %s", b.num_seqs, b.num_tokens, e)
+                if is_out_of_memory(e):
+                    self._fail(b, f"out of memory embedding a single sequence of {b.num_tokens} tokens "
+                                  f"({type(e).__name__}); send it shorter")
+                else:
+                    self._fail(b, f"the forward pass failed: {type(e).__name__}: {e}")
+                continue
+            self.stats.batches += 1
+            self.stats.batch_tokens += b.num_tokens
+            self._deliver(b, emb)
 
     def _collect(self, block: bool) -> None:
         while self._inflight and (block or self._inflight[0][1].ready()):
@@ -160,15 +260,20 @@ class EmbeddingService:
     def _finish_cancelled(self, r: Request) -> None:
         # Not computed further; the response sender still gets its FINAL flag (with an error) so
         # that Triton releases the request, though the caller is no longer listening.
+        if r.finished:
+            return
         self.stats.cancelled += 1
-        r.error = "the request was cancelled"
+        r.error, r.error_kind = CANCELLED, "cancelled"
         r.finished = True
         try:
             self.on_complete(r)
         except Exception:
             log.exception("closing a cancelled request failed")
+        _release(r)
 
     def _finish(self, r: Request) -> None:
+        if r.finished:                    # exactly one response per request
+            return
         r.finished = True
         if r.error is None:
             self.stats.completed += 1
@@ -178,6 +283,22 @@ class EmbeddingService:
             self.on_complete(r)
         except Exception:
             log.exception("sending a response failed")
+        _release(r)
+
+
+def _release(r: Request) -> None:
+    # Drop the caller's objects (Triton's response sender and request) as soon as the request is
+    # answered: Triton counts a request in flight until they are gone, and unloading the model at
+    # shutdown waits for that.
+    r.handle = None
+    r.is_cancelled = None
+
+
+def _free_device_cache() -> None:
+    """Hand cached CUDA blocks back before a retry (torch only if the engine already loaded it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.001) -> bool:

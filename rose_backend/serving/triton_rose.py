@@ -16,6 +16,12 @@ config.pbtxt parameters (all optional):
                          overloaded (default 1048576; 0 = unbounded)
     max_request_seqs     sequences per request (default 4096)
     max_request_tokens   tokens per request (default 1048576)
+    drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
+                         left gets a "shutting down" error (default 20)
+
+Error codes: bad input INVALID_ARG; overloaded / shutting down UNAVAILABLE ("retry later");
+cancelled CANCELLED; a failed forward pass INTERNAL. Every request gets exactly one response,
+with the FINAL flag, and nothing after it.
 """
 from __future__ import annotations
 
@@ -27,8 +33,9 @@ import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.scheduler import Request
-from rose_backend.serving.service import EmbeddingService, Overloaded
+from rose_backend.serving.service import EmbeddingService, Unavailable
 from rose_backend.serving.validation import RequestLimits, validate_tokens
+from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
 
 log = logging.getLogger("rose")
@@ -41,6 +48,7 @@ class RoseModel:
     def initialize(self, args):
         import torch   # loaded here so that importing this module stays cheap
 
+        check_numpy_interop(pb_utils, "rose")
         params = ModelParameters(args["model_config"])
         try:
             cfg = ModelConfig.from_folder(resolve_model_dir(params.str("model_dir") or None))
@@ -64,6 +72,7 @@ class RoseModel:
                 max_inflight=params.int("max_inflight", 2, minimum=1),
                 max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
             )
+            self.drain_timeout = params.int("drain_timeout_s", 20, minimum=0)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
@@ -91,22 +100,31 @@ class RoseModel:
                 input_ids, seq_lens = validate_tokens(
                     None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy(), self.limits)
                 self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled))
-            except (ValueError, Overloaded, RuntimeError) as e:
-                code = pb_utils.TritonError.UNAVAILABLE if isinstance(e, Overloaded) else pb_utils.TritonError.INVALID_ARG
+            except Exception as e:  # every request gets its one FINAL response, whatever went wrong
+                if isinstance(e, Unavailable):
+                    code = pb_utils.TritonError.UNAVAILABLE
+                elif isinstance(e, ValueError):
+                    code = pb_utils.TritonError.INVALID_ARG
+                else:
+                    log.exception("rose: admitting a request failed")
+                    code = pb_utils.TritonError.INTERNAL
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {e}", code)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+
+    _CODES = {"cancelled": "CANCELLED", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
 
     def _respond(self, r: Request) -> None:
         if r.error is None:
             response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", r.output)])
         else:
-            code = pb_utils.TritonError.CANCELLED if r.error == "the request was cancelled" else pb_utils.TritonError.INTERNAL
+            code = getattr(pb_utils.TritonError, self._CODES.get(r.error_kind, "INTERNAL"))
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
         r.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
-        self.service.stop()
+        log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
+        self.service.stop(self.drain_timeout)
         self.metrics.stop()
 
 
@@ -121,6 +139,10 @@ class _Metrics:
         "rose_graph_captures_total": ("CUDA graphs captured", lambda m: m.engine.stats.graph_captures),
         "rose_graph_replays_total": ("forward passes replayed from a CUDA graph", lambda m: m.engine.stats.graph_replays),
         "rose_requests_failed_total": ("requests answered with an error after admission", lambda m: m.service.stats.failed),
+        "rose_requests_cancelled_total": ("requests cancelled by their caller before they were computed",
+                                          lambda m: m.service.stats.cancelled),
+        "rose_oom_splits_total": ("batches that ran out of memory and were split and retried",
+                                  lambda m: m.service.stats.oom_splits),
     }
     GAUGES = {
         "rose_queue_tokens": ("tokens waiting in the request pool", lambda m: m.service.queued_tokens),
