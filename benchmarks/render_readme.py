@@ -96,7 +96,11 @@ def describe(result: dict) -> str:
         st = v.get("startup") or {}
         gates.append(f"{s}: gate {'passed' if g.get('passed') else 'FAILED'}, max 1 - cos "
                      f"{g.get('max_cos_dist', float('nan')):.1e}; ready {st.get('ready_s', '?')} s, first response "
-                     f"{st.get('first_response_s', '?')} s after launch")
+                     f"{st.get('first_response_s', '?')} s after launch"
+                     + (f" ({v['text_skipped']}: no text cells)" if v.get("text_skipped") else ""))
+    if len(result.get("runs") or []) > 1:
+        gates.append(f"systems measured in {len(result['runs'])} device calls, merged with "
+                     "benchmarks/merge_bench_runs.py; raw files in benchmarks/results/h200-raw")
     commit = (result.get("git") or {}).get("commit") or "?"
     return (f"{host.get('gpu') or 'CPU'}, {result.get('mode')} mode, {result.get('date', '')[:10]}, commit "
             f"`{commit[:10]}`, torch {host.get('torch', '?')}, transformers {host.get('transformers', '?')}. "

@@ -99,7 +99,7 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
     env["LD_LIBRARY_PATH"] = ":".join(p for p in ld if p)
     # The stub runs the models with this Python: make the project and this environment importable.
     # ROSE_STUB_SITE, if set, comes first (see stub_site()).
-    paths = [p for p in [stub_site()] if p] + [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
+    paths = [p for p in [stub_site(env)] if p] + [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
     paths += [p for p in sys.path if p and ("site-packages" in p or p.endswith("dist-packages"))]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
@@ -112,7 +112,7 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
     return env
 
 
-def stub_site() -> str | None:
+def stub_site(env: dict | None = None) -> str | None:
     """$ROSE_STUB_SITE: a folder of packages the backend stub must import before anything else.
 
     Triton 2.51's Python backend is built with pybind11 2.10, which misreads numpy 2 arrays (every
@@ -121,7 +121,7 @@ def stub_site() -> str | None:
     model code runs, from its own sys.path whose first entry is the working directory, so the
     server is started in this folder.
     """
-    path = os.environ.get("ROSE_STUB_SITE", "").strip()
+    path = (os.environ if env is None else env).get("ROSE_STUB_SITE", "").strip()
     if path and not Path(path, "numpy").is_dir():
         raise LaunchError(f"ROSE_STUB_SITE={path} holds no numpy package")
     return path or None
@@ -164,7 +164,7 @@ class TritonProcess:
         install = find_triton()
         env = server_env(self.model_dir, install, self.env)
         out = open(self.log_file, "ab") if self.log_file else None
-        self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None, cwd=stub_site(),
+        self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None, cwd=stub_site(env),
                                      stderr=subprocess.STDOUT if out else None, start_new_session=True)
         if out:
             out.close()

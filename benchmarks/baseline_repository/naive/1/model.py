@@ -20,6 +20,7 @@ for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pa
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.utils.dlpack  # noqa: E402
 
 try:
     import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -137,11 +138,14 @@ class TritonPythonModel:
                     lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
                     if ids is None or lens is None:
                         raise ValueError("send TEXT, or INPUT_IDS and SEQ_LENS")
-                    ids, lens = ids.as_numpy().reshape(-1), lens.as_numpy().reshape(-1)
+                    # DLPack, not as_numpy(): Triton 2.51's backend misreads numpy 2 arrays
+                    ids, lens = (torch.utils.dlpack.from_dlpack(t.to_dlpack()).reshape(-1).numpy() for t in (ids, lens))
                     if len(lens) == 0 or lens.min() <= 0 or int(lens.sum()) != len(ids):
                         raise ValueError("SEQ_LENS must be positive and sum to the length of INPUT_IDS")
                     emb = self.embedder.embed_ids(ids, lens)
-                response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", emb)])
+                out = torch.from_numpy(np.ascontiguousarray(emb, dtype=np.float32))
+                response = pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor.from_dlpack("EMBEDDINGS", torch.utils.dlpack.to_dlpack(out))])
             except Exception as e:
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"naive: {e}"))
             sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

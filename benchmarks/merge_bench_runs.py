@@ -1,0 +1,50 @@
+"""Merge the systems of several bench JSON files of one model into one file (and redraw its charts).
+
+    python benchmarks/merge_bench_runs.py OUT.json RUN_A.json RUN_B.json ...
+
+A later file's system replaces an earlier one's where the earlier one failed or is missing (used when
+one device call measured `rose` and a later call, with a fix, measured `naive`). The merged file keeps
+every run's command, date and git commit under "runs".
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def merge(paths: list[Path]) -> dict:
+    runs = [json.loads(p.read_text()) for p in paths]
+    out = dict(runs[0])
+    out["systems"] = {}
+    out["runs"] = [{"command": r["command"], "date": r["date"], "git": r["git"], "systems": sorted(r["systems"])}
+                   for r in runs]
+    for r in runs:
+        if r["model"] != out["model"]:
+            raise SystemExit(f"cannot merge {r['model']} into {out['model']}")
+        for name, system in r["systems"].items():
+            old = out["systems"].get(name)
+            if old is None or old.get("error") or not (old.get("gate") or {}).get("passed"):
+                out["systems"][name] = system
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        print(__doc__)
+        return 2
+    result = merge([Path(p) for p in argv[1:]])
+    out = Path(argv[0])
+    out.write_text(json.dumps(result, indent=1))
+    try:
+        from rose_client.bench import charts
+        result["charts"] = [p.name for p in charts.charts(result, out.parent)]
+        out.write_text(json.dumps(result, indent=1))
+    except ImportError as e:  # matplotlib missing: the JSON is still written
+        print(f"charts not drawn: {e}", file=sys.stderr)
+    print(f"wrote {out} with systems {sorted(result['systems'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
