@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -135,6 +138,37 @@ class Ports:
 
     def shifted(self, by: int) -> "Ports":
         return Ports(self.grpc + by, self.http + by, self.metrics + by)
+
+
+def free_ports(host: str = "127.0.0.1") -> Ports:
+    """Three unused ports on `host` (gRPC, HTTP, metrics), for tests and benchmarks."""
+    socks = []
+    for _ in range(3):
+        sock = socket.socket()
+        sock.bind((host, 0))
+        socks.append(sock)
+    ports = Ports(*(sock.getsockname()[1] for sock in socks))
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]]) -> Path:
+    """A copy of a model repository at `dest` with config.pbtxt parameters replaced or added,
+    e.g. {"rose": {"max_batch_tokens": "512"}}."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for model, values in params.items():
+        cfg = dest / model / "config.pbtxt"
+        text = cfg.read_text()
+        for key, value in values.items():
+            entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+            pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
+            text, n = pattern.subn(lambda _m: entry, text)
+            if n == 0:
+                text += "\n" + entry + "\n"
+        cfg.write_text(text)
+    return dest
 
 
 class TritonProcess:
@@ -282,8 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rose: {e}", file=sys.stderr)
         return 1
     finally:
-        for s in servers:
-            s.stop()
+        stoppers = [threading.Thread(target=s.stop) for s in servers]   # replicas drain in parallel
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
 
 
 if __name__ == "__main__":

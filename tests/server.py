@@ -10,44 +10,17 @@ private copy of the repository, e.g. {"rose": {"max_batch_tokens": "256"}}.
 from __future__ import annotations
 
 import contextlib
-import re
-import shutil
-import socket
 import tempfile
 from pathlib import Path
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, Ports, TritonProcess
+from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy  # noqa: F401
 
 LOG_DIR = Path(__file__).resolve().parent / ".logs"
 
 
-def free_ports() -> Ports:
-    socks = []
-    for _ in range(3):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = Ports(*(s.getsockname()[1] for s in socks))
-    for s in socks:
-        s.close()
-    return ports
-
-
 def repository_with(params: dict[str, dict[str, str]], dest: Path) -> Path:
-    """A copy of the model repository with some config.pbtxt parameters replaced or added."""
-    repo = dest / "model_repository"
-    shutil.copytree(DEFAULT_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    for model, values in params.items():
-        cfg = repo / model / "config.pbtxt"
-        text = cfg.read_text()
-        for key, value in values.items():
-            entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-            pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
-            text, n = pattern.subn(lambda _m: entry, text)
-            if n == 0:
-                text += "\n" + entry + "\n"
-        cfg.write_text(text)
-    return repo
+    """A copy of the project's model repository under `dest` with some parameters changed."""
+    return repository_copy(DEFAULT_REPOSITORY, dest / "model_repository", params)
 
 
 @contextlib.contextmanager

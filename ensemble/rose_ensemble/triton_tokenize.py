@@ -9,7 +9,6 @@ Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir

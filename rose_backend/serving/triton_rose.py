@@ -12,6 +12,8 @@ config.pbtxt parameters (all optional):
     max_batch_tokens     token budget of one forward pass (default 16384)
     max_batch_seqs       sequence cap of one forward pass (default 64)
     max_inflight         batches launched but not yet collected (default 2)
+    precapture           "seqs:tokens,..." configurations whose CUDA graphs are captured at start-up
+                         (default none: every configuration is captured lazily on its second sight)
     max_queued_tokens    tokens waiting in the pool before new requests are refused as
                          overloaded (default 1048576; 0 = unbounded)
     max_request_seqs     sequences per request (default 4096)
@@ -28,7 +30,6 @@ from __future__ import annotations
 import logging
 import threading
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
@@ -58,7 +59,15 @@ class RoseModel:
                 raise ValueError(f"parameter 'dtype' must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
             dtype = getattr(torch, _DTYPES[dtype_name]) if dtype_name else None
             from rose_backend.engine.engine import Engine
-            self.engine = Engine(cfg, device=device, dtype=dtype, attention=params.str("attention") or None)
+            max_batch_tokens = params.int("max_batch_tokens", 16384, minimum=1)
+            max_batch_seqs = params.int("max_batch_seqs", 64, minimum=1)
+            max_inflight = params.int("max_inflight", 2, minimum=1)
+            max_seq_len = cfg.max_position_embeddings - cfg.position_offset
+            self.engine = Engine(
+                cfg, device=device, dtype=dtype, attention=params.str("attention") or None,
+                # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
+                max_tokens=max(max_batch_tokens, max_seq_len), max_seqs=max_batch_seqs,
+                max_inflight=max_inflight, precapture=_parse_precapture(params.str("precapture")))
             self.limits = RequestLimits(
                 max_seq_len=cfg.max_position_embeddings - cfg.position_offset,
                 vocab_size=cfg.vocab_size,
@@ -67,9 +76,9 @@ class RoseModel:
             )
             self.service = EmbeddingService(
                 self.engine, self._respond,
-                max_batch_tokens=params.int("max_batch_tokens", 16384, minimum=1),
-                max_batch_seqs=params.int("max_batch_seqs", 64, minimum=1),
-                max_inflight=params.int("max_inflight", 2, minimum=1),
+                max_batch_tokens=max_batch_tokens,
+                max_batch_seqs=max_batch_seqs,
+                max_inflight=max_inflight,
                 max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
             )
             self.drain_timeout = params.int("drain_timeout_s", 20, minimum=0)
@@ -126,6 +135,18 @@ class RoseModel:
         log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
         self.service.stop(self.drain_timeout)
         self.metrics.stop()
+
+
+def _parse_precapture(value: str) -> list[tuple[int, int]]:
+    """Parameter `precapture`: "seqs:tokens,seqs:tokens" configurations to capture at start-up."""
+    out = []
+    for item in filter(None, (v.strip() for v in value.split(","))):
+        try:
+            seqs, tokens = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise ValueError(f"parameter 'precapture' takes seqs:tokens pairs like 1:128,8:4096; got {item!r}") from None
+        out.append((seqs, tokens))
+    return out
 
 
 class _Metrics:

@@ -4,7 +4,6 @@ over >= 1000 random batch compositions per model. Lengths 1..4096 (1..512 for Mi
 positions), 1..64 sequences."""
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -21,9 +21,7 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -73,36 +71,6 @@ def log(msg: str) -> None:
 def repo_root() -> Path:
     from rose_backend.launcher import REPO_ROOT
     return REPO_ROOT
-
-
-def free_ports():
-    from rose_backend.launcher import Ports
-    socks = []
-    for _ in range(3):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = Ports(*(s.getsockname()[1] for s in socks))
-    for s in socks:
-        s.close()
-    return ports
-
-
-def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]]) -> Path:
-    """A copy of a model repository with config.pbtxt parameters replaced or added."""
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    for model, values in params.items():
-        cfg = dest / model / "config.pbtxt"
-        text = cfg.read_text()
-        for key, value in values.items():
-            entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-            pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
-            text, n = pattern.subn(lambda _m: entry, text)
-            if n == 0:
-                text += "\n" + entry + "\n"
-        cfg.write_text(text)
-    return dest
 
 
 def host_info(device: str) -> dict:
@@ -241,7 +209,7 @@ class Bench:
         return 0 if gate_ok and all("error" not in s for s in self.result["systems"].values()) else 1
 
     def run_system(self, system: str, pool, deadline) -> None:
-        from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess
+        from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
 
         res = self.result["systems"].setdefault(system, {})
         if system == "rose":
