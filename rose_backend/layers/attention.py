@@ -19,6 +19,8 @@ configuration (`meta.graph_key`); replays must be preceded by a `plan` of the sa
 """
 from __future__ import annotations
 
+import abc
+
 import importlib
 import os
 from dataclasses import dataclass
@@ -58,7 +60,7 @@ class AttentionShape:
         return f"h{self.num_heads}kv{self.num_kv_heads}d{self.head_dim}" + ("c" if self.causal else "")
 
 
-class AttentionBackend:
+class AttentionBackend(abc.ABC):
     """Base class. Subclasses set `name` and implement `run` (and `plan` when they precompute)."""
     name = "base"
     supports_cuda_graphs = False
@@ -80,8 +82,9 @@ class AttentionBackend:
     def plan(self, meta: AttentionMetadata) -> None:
         self.meta = meta
 
+    @abc.abstractmethod
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """q [T, Hq, D], k / v [T, Hkv, D] for the planned batch -> [T, Hq, D]."""
 
 
 class SdpaLoopBackend(AttentionBackend):
