@@ -20,7 +20,6 @@ configuration (`meta.graph_key`); replays must be preceded by a `plan` of the sa
 from __future__ import annotations
 
 import abc
-
 import importlib
 import os
 from dataclasses import dataclass
