@@ -93,6 +93,11 @@ class ModelConfig:
     def embedding_dim(self) -> int:
         return self.hidden_size
 
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the position table can embed (XLM-R's pad offset taken off)."""
+        return self.max_position_embeddings - self.position_offset
+
     @classmethod
     def from_folder(cls, model_dir: str | os.PathLike | None = None) -> "ModelConfig":
         d = resolve_model_dir(model_dir)

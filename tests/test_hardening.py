@@ -234,6 +234,17 @@ def metric(srv, name: str) -> float:
     return 0.0
 
 
+def assert_error_then_serving(url, model, inputs, message):
+    """The request gets an error matching `message`; the same stream then still answers."""
+    conn = StreamConnection(url)
+    try:
+        with pytest.raises(ServerError, match=message):
+            conn.infer(model, inputs).result(60)
+        assert conn.infer("rose", rose_inputs(*HELLO)).result(60)["EMBEDDINGS"].shape == (1, 384)
+    finally:
+        conn.close()
+
+
 def rose_inputs(ids, lens):
     return [("INPUT_IDS", ids), ("SEQ_LENS", lens)]
 
@@ -270,13 +281,7 @@ LIMITS = [
 @pytest.mark.server
 @pytest.mark.parametrize("model,inputs,message", LIMITS)
 def test_limits_are_named_with_their_values(limited, model, inputs, message):
-    conn = StreamConnection(limited.grpc_url)
-    try:
-        with pytest.raises(ServerError, match=message):
-            conn.infer(model, inputs).result(60)
-        assert conn.infer("rose", rose_inputs(*HELLO)).result(60)["EMBEDDINGS"].shape == (1, 384)
-    finally:
-        conn.close()
+    assert_error_then_serving(limited.grpc_url, model, inputs, message)
 
 
 @pytest.mark.server
@@ -488,13 +493,7 @@ BAD = [
 @pytest.mark.server
 @pytest.mark.parametrize("model,inputs,message", BAD, ids=[f"{m}-{i}" for i, (m, _, _) in enumerate(BAD)])
 def test_bad_input_battery(server, model, inputs, message):
-    conn = StreamConnection(server.grpc_url)
-    try:
-        with pytest.raises(ServerError, match=message):
-            conn.infer(model, inputs).result(60)
-        assert conn.infer("rose", rose_inputs(*HELLO)).result(60)["EMBEDDINGS"].shape == (1, 384)
-    finally:
-        conn.close()
+    assert_error_then_serving(server.grpc_url, model, inputs, message)
 
 
 ODD_BUT_VALID = [["   "], ["\x00 nul bytes \x00"], ["\u200b\u200d zero width"], ["🚀" * 5000],

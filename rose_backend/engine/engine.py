@@ -125,7 +125,7 @@ class Engine:
             self.table = backend_table
         else:
             self.table = BackendTable.load(backend_table)
-        self.max_len = cfg.max_position_embeddings - cfg.position_offset
+        self.max_len = cfg.max_positions
         self.graphs_on = cuda if graphs is None else bool(graphs)
         self.graphs = GraphCache(max_tokens, max_seqs, graph_memory_cap_bytes, enabled=self.graphs_on)
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]

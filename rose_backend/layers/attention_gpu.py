@@ -13,11 +13,14 @@ from rose_backend.layers.attention import AttentionBackend, AttentionMetadata, A
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def _cuda_reason(cls, shape: AttentionShape, device: torch.device) -> str | None:
+def _cuda_reason(cls, shape: AttentionShape, device: torch.device, module: str, missing: str) -> str | None:
+    """Why `cls` cannot run here: no CUDA device, not bf16/fp16, or `module` not importable."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"{cls.name} needs a CUDA device"
     if shape.dtype not in _HALF:
         return f"{cls.name} needs bf16 or fp16, got {shape.dtype}"
+    if importlib.util.find_spec(module) is None:
+        return missing
     return None
 
 
@@ -34,11 +37,10 @@ class TorchVarlenBackend(AttentionBackend):
 
     @classmethod
     def unavailable_reason(cls, shape, device):
-        why = _cuda_reason(cls, shape, device)
+        why = _cuda_reason(cls, shape, device, "torch.nn.attention.varlen",
+                           f"torch {torch.__version__} has no torch.nn.attention.varlen")
         if why:
             return why
-        if importlib.util.find_spec("torch.nn.attention.varlen") is None:
-            return f"torch {torch.__version__} has no torch.nn.attention.varlen"
         if shape.head_dim % 8 or shape.head_dim > 256:
             return f"FlashAttention-2 needs head_dim a multiple of 8 up to 256, got {shape.head_dim}"
         return None
@@ -77,12 +79,8 @@ class FlashAttnVarlenBackend(AttentionBackend):
 
     @classmethod
     def unavailable_reason(cls, shape, device):
-        why = _cuda_reason(cls, shape, device)
-        if why:
-            return why
-        if importlib.util.find_spec("flash_attn") is None:
-            return "the flash-attn package is not installed (pip install flash-attn)"
-        return None
+        return _cuda_reason(cls, shape, device, "flash_attn",
+                            "the flash-attn package is not installed (pip install flash-attn)")
 
     def __init__(self, shape, device):
         super().__init__(shape, device)
@@ -119,11 +117,10 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def unavailable_reason(cls, shape, device):
-        why = _cuda_reason(cls, shape, device)
+        why = _cuda_reason(cls, shape, device, "flashinfer",
+                           "flashinfer is not installed (pip install flashinfer-python)")
         if why:
             return why
-        if importlib.util.find_spec("flashinfer") is None:
-            return "flashinfer is not installed (pip install flashinfer-python)"
         if shape.head_dim not in (64, 128, 256):
             return f"flashinfer prefill kernels are built for head_dim 64/128/256, got {shape.head_dim}"
         if cls.flashinfer_backend == "fa3" and torch.cuda.get_device_capability(device)[0] != 9:

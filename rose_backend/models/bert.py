@@ -56,7 +56,7 @@ class BertEncoder(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         # Position table starting at position 0 of a sequence; XLM-R's pad offset and the
         # token-type-0 embedding are folded in at load time (one add instead of two, no gather).
-        self.embed_positions = nn.Embedding(cfg.max_position_embeddings - cfg.position_offset, h)
+        self.embed_positions = nn.Embedding(cfg.max_positions, h)
         self.embed_norm = AddLayerNorm(h, eps=cfg.norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
         self.attn: AttentionBackend | None = None

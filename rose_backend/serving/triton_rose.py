@@ -62,14 +62,13 @@ class RoseModel:
             max_batch_tokens = params.int("max_batch_tokens", 16384, minimum=1)
             max_batch_seqs = params.int("max_batch_seqs", 64, minimum=1)
             max_inflight = params.int("max_inflight", 2, minimum=1)
-            max_seq_len = cfg.max_position_embeddings - cfg.position_offset
             self.engine = Engine(
                 cfg, device=device, dtype=dtype, attention=params.str("attention") or None,
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
-                max_tokens=max(max_batch_tokens, max_seq_len), max_seqs=max_batch_seqs,
+                max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=max_batch_seqs,
                 max_inflight=max_inflight, precapture=_parse_precapture(params.str("precapture")))
             self.limits = RequestLimits(
-                max_seq_len=cfg.max_position_embeddings - cfg.position_offset,
+                max_seq_len=cfg.max_positions,
                 vocab_size=cfg.vocab_size,
                 max_request_seqs=params.int("max_request_seqs", 4096, minimum=1),
                 max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
