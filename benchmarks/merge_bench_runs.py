@@ -3,14 +3,30 @@
     python benchmarks/merge_bench_runs.py OUT.json RUN_A.json RUN_B.json ...
 
 A later file's system replaces an earlier one's where the earlier one failed or is missing (used when
-one device call measured `rose` and a later call, with a fix, measured `naive`). The merged file keeps
-every run's command, date and git commit under "runs".
+one device call measured `rose` and a later call, with a fix, measured `naive`). Where both passed,
+a later file's cells fill the earlier one's missing, skipped or failed cells (a later call that ran
+only the workloads an earlier one did not reach). The merged file keeps every run's command, date
+and git commit under "runs".
 """
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+
+def _measured(cell) -> bool:
+    return isinstance(cell, dict) and any(k in cell for k in ("emb_per_s", "p50_ms"))
+
+
+def fill_cells(old: dict, new: dict) -> None:
+    """Copy `new`'s measured cells into `old` where `old` has none for that cell."""
+    for section in ("workloads", "perf_analyzer"):
+        for workload, cells in (new.get(section) or {}).items():
+            into = old.setdefault(section, {}).setdefault(workload, {})
+            for x, cell in cells.items():
+                if _measured(cell) and not _measured(into.get(x)):
+                    into[x] = cell
 
 
 def merge(paths: list[Path]) -> dict:
@@ -26,6 +42,8 @@ def merge(paths: list[Path]) -> dict:
             old = out["systems"].get(name)
             if old is None or old.get("error") or not (old.get("gate") or {}).get("passed"):
                 out["systems"][name] = system
+            elif (system.get("gate") or {}).get("passed") and not system.get("error"):
+                fill_cells(old, system)
     return out
 
 

@@ -86,3 +86,30 @@ def test_bench_tiny_end_to_end(tmp_path):
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{render.END}\nafter\n") and "old" not in text
     assert "| online, 1 x 16 |" in text and "bench_tiny-bert_online.png" in text
+
+
+@pytest.mark.server
+def test_multi_gpu_bench_cpu_smoke(tmp_path):
+    """The several-server layouts of rose_client.bench.multi_gpu on the CPU: two real tritonservers,
+    raw streams split over both and EmbeddingClient balancing chunks over both, both servers answer
+    the same embeddings, and the JSON holds every cell."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client")]))
+    p = subprocess.run([sys.executable, "-m", "rose_client.bench.multi_gpu", "--model", "tiny-bert", "--cpu-smoke",
+                        "--gpus", "0,1", "--procs", "2", "--clients", "2", "--out", str(out), "--workdir", str(work),
+                        "--git-commit", "test"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "multi_gpu_tiny-bert.json").read_text())
+    assert r["schema"] == "rose-multi-gpu/1" and r["git"]["commit"] == "test" and r["date"] and r["command"]
+    assert set(r["layouts"]) == {"one-gpu", "per-gpu-servers"}
+    assert r["layouts"]["per-gpu-servers"]["servers"] == 2
+    for name, layout in r["layouts"].items():
+        assert "error" not in layout, (name, layout)
+        assert layout["check_max_cos_dist"] <= 1e-3
+        assert set(layout["cells"]) == {"throughput/16/procs2/stream", "throughput/16/procs2/client",
+                                        "concurrency/2/client"}
+        for key, cell in layout["cells"].items():
+            assert cell.get("emb_per_s", cell.get("p99_ms", 0)) > 0, (name, key, cell)
+    # three one-sequence chunks spread over two servers: each server took at least one
+    assert all(n >= 1 for n in r["layouts"]["per-gpu-servers"]["check_spread"].values())
+    assert "per-gpu-servers" in p.stdout and "throughput/16/procs2/client" in p.stdout

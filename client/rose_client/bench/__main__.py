@@ -309,7 +309,10 @@ class Bench:
         for c in (m["concurrency"] if xm is not None else []):
             cells.append(("concurrency", c, lambda c=c: workloads.concurrency(
                 pool, url, xm, m["conc_len"], c, m["conc_total"], m["conc_warmup"], vocab)))
+        chosen = [x.strip() for x in self.args.workloads.split(",") if x.strip()]
         for workload, x, fn in cells:
+            if workload not in chosen:
+                continue
             if self.time_left(deadline) < 0:
                 w[workload][str(x)] = {"skipped": "time budget spent"}
                 log(f"{system}: {workload} {x}: skipped (time budget)")
@@ -327,7 +330,7 @@ class Bench:
                      f"p50 {cell.get('p50_ms')} ms p99 {cell.get('p99_ms')} ms" if "p50_ms" in cell else "")
             log(f"{system}: {workload} {x}: {shown} ({time.monotonic() - t:.1f} s)")
             self.save()
-        if not self.args.no_perf_analyzer:
+        if not self.args.no_perf_analyzer and "online" in chosen:
             from rose_client.bench.perf import run_perf_analyzer, write_input_data
             pa = res.setdefault("perf_analyzer", {"online": {}})
             for n in m["online"]:
@@ -394,6 +397,8 @@ def main(argv=None) -> int:
     p.add_argument("--systems", default="rose,naive")
     p.add_argument("--device", default="auto", help="where the folder's weights and the reference are made")
     p.add_argument("--baseline-repository", default=None)
+    p.add_argument("--workloads", default="online,scoring,throughput,concurrency",
+                   help="which of the four workloads to run (comma-separated)")
     p.add_argument("--rose-param", action="append", default=[], metavar="KEY=VALUE",
                    help="extra `rose` config.pbtxt parameter (repeatable)")
     p.add_argument("--budget-s", type=float, default=None,

@@ -36,6 +36,10 @@ class Spec:
     variants: int = 8           # distinct requests cycled through
     start_at: float = 0.0       # wall clock (time.time) to start timing at; 0: at once
     timeout: float = 600.0
+    # Through rose_client's EmbeddingClient over these servers (chunked and balanced) instead of one
+    # gRPC stream to `url`; `model` is then the text model (text=True) or the token model.
+    balanced_urls: tuple = ()
+    client_kwargs: dict | None = None
 
 
 def _requests(spec: Spec):
@@ -44,7 +48,9 @@ def _requests(spec: Spec):
     out = []
     for _ in range(max(1, spec.variants)):
         seqs = [random_ids(rng, spec.vocab, spec.length) for _ in range(spec.batch)]
-        if spec.text:
+        if spec.balanced_urls:
+            out.append([ids_to_text(s) for s in seqs] if spec.text else seqs)
+        elif spec.text:
             out.append([("TEXT", [ids_to_text(s) for s in seqs])])
         else:
             out.append([("INPUT_IDS", np.concatenate(seqs)),
@@ -52,29 +58,40 @@ def _requests(spec: Spec):
     return out
 
 
+def _connect(spec: Spec):
+    """(call(request) -> embeddings, close) for one client: a raw stream or the balancing client."""
+    if spec.balanced_urls:
+        from rose_client.client import EmbeddingClient
+        client = EmbeddingClient(list(spec.balanced_urls), model=spec.model, token_model=spec.model,
+                                 timeout=spec.timeout, **(spec.client_kwargs or {}))
+        return (client.embed if spec.text else client.embed_tokens), client.close
+    from rose_client.transport import StreamConnection
+    conn = StreamConnection(spec.url)
+    return (lambda req: conn.infer(spec.model, req).result(spec.timeout)["EMBEDDINGS"]), conn.close
+
+
 def run_client(spec: Spec) -> dict:
     """One closed-loop client (runs in a worker process, or inline)."""
-    from rose_client.transport import StreamConnection
     reqs = _requests(spec)
-    conn = StreamConnection(spec.url)
+    call, close = _connect(spec)
     try:
+        emb = None
         for i in range(spec.warmup):
-            out = conn.infer(spec.model, reqs[i % len(reqs)]).result(spec.timeout)
+            emb = call(reqs[i % len(reqs)])
         if spec.start_at:
             time.sleep(max(0.0, spec.start_at - time.time()))
         lat = np.empty(spec.n)
         t0 = time.time()
         for i in range(spec.n):
             s = time.perf_counter()
-            out = conn.infer(spec.model, reqs[i % len(reqs)]).result(spec.timeout)
+            emb = call(reqs[i % len(reqs)])
             lat[i] = time.perf_counter() - s
         t1 = time.time()
-        emb = out["EMBEDDINGS"] if spec.n or spec.warmup else None
         if emb is not None and emb.shape[0] != spec.batch:
             raise RuntimeError(f"expected {spec.batch} embeddings, got {emb.shape}")
         return {"latencies_s": lat.tolist(), "t0": t0, "t1": t1, "embeddings": spec.n * spec.batch}
     finally:
-        conn.close()
+        close()
 
 
 def _worker(tasks, results):
@@ -158,11 +175,14 @@ def sequential(pool: ClientPool, url: str, model: str, length: int, batch: int, 
     return stats
 
 
-def throughput(pool: ClientPool, url: str, model: str, length: int, batch: int, procs: int, batches: int,
-               warmup: int, vocab: int, timeout: float = 600.0) -> dict:
-    """Workload 3: `procs` client processes, each sending `batches` requests of `batch` x `length`."""
-    specs = [Spec(url, model, length, batch, vocab, batches, warmup, seed=7919 * (i + 1) + length, variants=2)
-             for i in range(procs)]
+def throughput(pool: ClientPool, url: str | list[str], model: str, length: int, batch: int, procs: int,
+               batches: int, warmup: int, vocab: int, timeout: float = 600.0, balanced: bool = False,
+               client_kwargs: dict | None = None) -> dict:
+    """Workload 3: `procs` client processes, each sending `batches` requests of `batch` x `length`.
+    url: one server, or a list: client i streams to url[i % len] (balanced=False), or every client
+    spreads its chunks over all of them through EmbeddingClient (balanced=True)."""
+    specs = [Spec(_url(url, i), model, length, batch, vocab, batches, warmup, seed=7919 * (i + 1) + length,
+                  variants=2, **_balancing(url, balanced, client_kwargs)) for i in range(procs)]
     rs = _synced(pool, specs, timeout)
     t0, t1 = min(r["t0"] for r in rs), max(r["t1"] for r in rs)
     total = sum(r["embeddings"] for r in rs)
@@ -170,6 +190,16 @@ def throughput(pool: ClientPool, url: str, model: str, length: int, batch: int, 
     return {"emb_per_s": round(total / (t1 - t0), 2), "tokens_per_s": round(total * length / (t1 - t0), 1),
             "embeddings": total, "seconds": round(t1 - t0, 3), "procs": procs, "batch": batch,
             "batch_latency": latency_stats(lat)}
+
+
+def _url(url: str | list[str], i: int) -> str:
+    return url if isinstance(url, str) else url[i % len(url)]
+
+
+def _balancing(url: str | list[str], balanced: bool, client_kwargs: dict | None) -> dict:
+    if not balanced:
+        return {}
+    return {"balanced_urls": (url,) if isinstance(url, str) else tuple(url), "client_kwargs": client_kwargs}
 
 
 def _synced(pool: ClientPool, specs: list[Spec], timeout: float) -> list[dict]:
@@ -181,12 +211,14 @@ def _synced(pool: ClientPool, specs: list[Spec], timeout: float) -> list[dict]:
     return pool.run([Spec(**{**s.__dict__, "warmup": 0, "start_at": start_at}) for s in specs], timeout)
 
 
-def concurrency(pool: ClientPool, url: str, model: str, length: int, clients: int, total: int, warmup: int,
-                vocab: int, text: bool = True, timeout: float = 600.0) -> dict:
-    """Workload 4: `clients` closed-loop clients of one sequence each (texts through tokenization)."""
+def concurrency(pool: ClientPool, url: str | list[str], model: str, length: int, clients: int, total: int,
+                warmup: int, vocab: int, text: bool = True, timeout: float = 600.0, balanced: bool = False,
+                client_kwargs: dict | None = None) -> dict:
+    """Workload 4: `clients` closed-loop clients of one sequence each (texts through tokenization).
+    url: as for throughput()."""
     per = max(8, -(-total // clients))
-    specs = [Spec(url, model, length, 1, vocab, per, warmup, text=text, seed=104729 * (i + 1) + clients, variants=16)
-             for i in range(clients)]
+    specs = [Spec(_url(url, i), model, length, 1, vocab, per, warmup, text=text, seed=104729 * (i + 1) + clients,
+                  variants=16, **_balancing(url, balanced, client_kwargs)) for i in range(clients)]
     rs = _synced(pool, specs, timeout)
     t0, t1 = min(r["t0"] for r in rs), max(r["t1"] for r in rs)
     stats = latency_stats([x for r in rs for x in r["latencies_s"]])
