@@ -107,8 +107,7 @@ class Engine:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.set_device(self.device)
+        self.bind_thread()
         self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
         self.attention = None if attention in (None, "auto") else attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
@@ -140,6 +139,14 @@ class Engine:
         if precapture:
             self.precapture(precapture)
         self.stats.startup_seconds = time.perf_counter() - t0
+
+    def bind_thread(self) -> None:
+        """Make this engine's GPU the calling thread's current CUDA device. The current device is
+        per thread, and kernels launched by Triton, flashinfer and CUDA graphs go to it: every
+        thread that runs this engine must call this (one Triton instance per GPU puts the second
+        instance's engine on cuda:1 while its threads start on cuda:0)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
 
     @property
     def embedding_dim(self) -> int:

@@ -151,6 +151,9 @@ class EmbeddingService:
 
     # ---- loop thread ------------------------------------------------------------------------
     def _loop(self) -> None:
+        bind = getattr(self.engine, "bind_thread", None)        # this thread's CUDA device = the engine's
+        if bind is not None:
+            bind()
         while True:
             batch = None
             with self._cond:

@@ -79,9 +79,12 @@ class MultiGpuBench:
     def layouts(self) -> list[tuple[str, list[str | None]]]:
         """(name, one CUDA_VISIBLE_DEVICES value per server; None: leave the environment alone)."""
         if self.args.cpu_smoke:
-            return [("one-gpu", [None]), ("per-gpu-servers", [None] * len(self.gpus))]
-        return [("one-gpu", [self.gpus[0]]), ("one-server", [",".join(self.gpus)]),
-                ("per-gpu-servers", list(self.gpus))]
+            all_ = [("one-gpu", [None]), ("per-gpu-servers", [None] * len(self.gpus))]
+        else:
+            all_ = [("one-gpu", [self.gpus[0]]), ("one-server", [",".join(self.gpus)]),
+                    ("per-gpu-servers", list(self.gpus))]
+        chosen = [x.strip() for x in self.args.layouts.split(",") if x.strip()]
+        return [(n, v) for n, v in all_ if not chosen or n in chosen]
 
     def run(self) -> int:
         device = "cpu" if self.args.cpu_smoke else "cuda"
@@ -238,6 +241,7 @@ def main(argv=None) -> int:
     p.add_argument("--gpus", default="0,1", help="GPU ids; one server per GPU in per-gpu-servers")
     p.add_argument("--procs", type=ints, default=[4], help="throughput client processes (comma-separated)")
     p.add_argument("--clients", type=ints, default=[16, 32], help="concurrency clients (comma-separated)")
+    p.add_argument("--layouts", default="", help="one-gpu,one-server,per-gpu-servers (default: all)")
     p.add_argument("--token-budget", type=int, default=8192, help="EmbeddingClient tokens per chunk")
     p.add_argument("--max-inflight-tokens", type=int, default=65536, help="EmbeddingClient tokens outstanding per server")
     p.add_argument("--no-balanced-throughput", action="store_true", help="throughput through raw streams only")
