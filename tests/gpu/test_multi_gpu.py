@@ -13,6 +13,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from tests.gpu.models import make_bge_m3_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 
@@ -45,8 +46,8 @@ def _requests(rng) -> list[Request]:
     return out
 
 
-def test_engine_on_second_gpu_serves_from_scheduler_thread():
-    cfg = ModelConfig.from_folder(None)
+def test_engine_on_second_gpu_serves_from_scheduler_thread(tmp_path):
+    cfg = ModelConfig.from_folder(make_bge_m3_folder(tmp_path / "bge-m3-2-layers", layers=2))
     torch.cuda.set_device(0)                       # the thread that builds the engine starts on GPU 0
     results = []
     for dev in ("cuda:0", "cuda:1"):
