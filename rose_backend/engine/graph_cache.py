@@ -117,6 +117,10 @@ class GraphCache:
         self.device = torch.device(device)
         if self.device.type == "cuda":
             self.base_reserved = torch.cuda.memory_reserved(self.device)
+            # Our own side stream on this device: torch.cuda.graph's default capture stream is one
+            # per process, made on whichever device was current first, and capturing on it would
+            # send a second engine's kernels (another GPU) to that device.
+            self.capture_stream = torch.cuda.Stream(device=self.device)
 
     def graph_bytes(self) -> int:
         if getattr(self, "device", None) is None or self.device.type != "cuda":
@@ -129,7 +133,7 @@ class GraphCache:
         e = self.entries[key]
         if self.device.type == "cuda":
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
+            with torch.cuda.graph(g, pool=self.pool, stream=self.capture_stream):
                 out = fn()
             if self.pool is None:
                 self.pool = g.pool()
