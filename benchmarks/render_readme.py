@@ -101,9 +101,9 @@ def describe(result: dict) -> str:
     if len(result.get("runs") or []) > 1:
         gates.append(f"systems measured in {len(result['runs'])} device calls, merged with "
                      "benchmarks/merge_bench_runs.py; raw files in benchmarks/results/h200-raw")
-    commit = (result.get("git") or {}).get("commit") or "?"
-    return (f"{host.get('gpu') or 'CPU'}, {result.get('mode')} mode, {result.get('date', '')[:10]}, commit "
-            f"`{commit[:10]}`, torch {host.get('torch', '?')}, transformers {host.get('transformers', '?')}. "
+    commits = list(dict.fromkeys((r.get("git") or {}).get("commit") or "?" for r in result.get("runs") or [result]))
+    return (f"{host.get('gpu') or 'CPU'}, {result.get('mode')} mode, {result.get('date', '')[:10]}, "
+            f"commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c[:10]}`' for c in commits)}, torch {host.get('torch', '?')}, transformers {host.get('transformers', '?')}. "
             + "; ".join(gates) + ".")
 
 

@@ -11,6 +11,8 @@ folder (the shapes of rose_client.bench):
   (client i on server i mod N) or through rose_client's EmbeddingClient, which cuts every request
   into chunks and sends each chunk to the server with the fewest tokens outstanding.
 
+`--merge OUT.json RUN.json ...` joins runs (a later run's layout replaces a failed or missing one).
+
 Workloads: the throughput workload of BENCHMARKS.md (batches of 100 sequences of 512 / 1024 / 4096
 tokens from `--procs` client processes) and the concurrency workload (closed-loop clients of one
 512-token text) at `--clients`. Writes multi_gpu_<model>.json (numbers, command, commit, GPUs, date,
@@ -233,7 +235,31 @@ def summary(result: dict) -> str:
     return "\n".join(rows)
 
 
+def merge_runs(paths: list[Path]) -> dict:
+    """One result from several runs of one model: a later run's layout replaces an earlier one's
+    where that failed or is missing; every run's command, date and commit stay under "runs"."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    out = dict(runs[0], layouts={})
+    out["runs"] = [{"command": r["command"], "date": r["date"], "git": r["git"], "layouts": sorted(r["layouts"])}
+                   for r in runs]
+    for r in runs:
+        if r["model"] != out["model"]:
+            raise SystemExit(f"cannot merge {r['model']} into {out['model']}")
+        for name, layout in r["layouts"].items():
+            if name not in out["layouts"] or out["layouts"][name].get("error"):
+                out["layouts"][name] = layout
+    return out
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--merge"]:
+        if len(argv) < 4:
+            raise SystemExit("usage: python -m rose_client.bench.multi_gpu --merge OUT.json RUN.json RUN.json ...")
+        result = merge_runs([Path(x) for x in argv[2:]])
+        Path(argv[1]).write_text(json.dumps(result, indent=1))
+        print(summary(result))
+        return 0
     p = argparse.ArgumentParser(prog="python -m rose_client.bench.multi_gpu", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ints = lambda s: [int(x) for x in s.split(",") if x.strip()]  # noqa: E731
