@@ -82,6 +82,8 @@ def table(result: dict) -> str:
                 a, b = fmt(ours), fmt(naive)
             else:
                 a, b = _lat(ours), _lat(naive)
+                ids = lambda c: bool(c) and str(c.get("input", "")).startswith("token ids")  # noqa: E731
+                a, b = a + (" (ids)" if ids(ours) else ""), b + (" (ids)" if ids(naive) else "")
             g_text, g = _goal(row, workload)
             lines.append(f"| {label.format(x=x)} | {a} | {b} | {_pub(row, 'vllm', workload)} | "
                          f"{_pub(row, 'tulip', workload)} | {g_text} | {met(ours, g, workload)} |")
@@ -97,7 +99,11 @@ def describe(result: dict) -> str:
         gates.append(f"{s}: gate {'passed' if g.get('passed') else 'FAILED'}, max 1 - cos "
                      f"{g.get('max_cos_dist', float('nan')):.1e}; ready {st.get('ready_s', '?')} s, first response "
                      f"{st.get('first_response_s', '?')} s after launch"
-                     + (f" ({v['text_skipped']}: no text cells)" if v.get("text_skipped") else ""))
+                     + (f" ({v['text_skipped']}: no text cells" + (
+                         "; its concurrency cells, marked (ids), send token ids, so they leave tokenization out)"
+                         if any(str(c.get("input", "")).startswith("token ids") for c in
+                                ((v.get("workloads") or {}).get("concurrency") or {}).values()) else ")")
+                        if v.get("text_skipped") else ""))
     if len(result.get("runs") or []) > 1:
         gates.append(f"systems measured in {len(result['runs'])} device calls, merged with "
                      "benchmarks/merge_bench_runs.py; raw files in benchmarks/results/h200-raw")

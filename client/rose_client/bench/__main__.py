@@ -61,6 +61,7 @@ TEXT_MODEL = {"rose": "embed", "naive": "naive"}
 # need numpy 2 there); Triton 2.51's backend cannot read BYTES under numpy 2 (its stub crashes),
 # so on such a machine the naive system is measured on token ids only.
 NAIVE_TEXT_SKIPPED = "skipped: Triton 2.51's Python backend cannot read BYTES inputs under numpy 2"
+# ... and its concurrency cells then send token ids (marked "input" in the cell)
 
 
 
@@ -306,9 +307,12 @@ class Bench:
         for n in m["throughput"]:
             cells.append(("throughput", n, lambda n=n: workloads.throughput(
                 pool, url, tm, n, m["tput_batch"], m["tput_procs"], m["tput_batches"][n], m["tput_warmup"], vocab)))
-        for c in (m["concurrency"] if xm is not None else []):
-            cells.append(("concurrency", c, lambda c=c: workloads.concurrency(
-                pool, url, xm, m["conc_len"], c, m["conc_total"], m["conc_warmup"], vocab)))
+        for c in m["concurrency"]:
+            # Where the model cannot read TEXT (NAIVE_TEXT_SKIPPED), its clients send token ids: the
+            # cell then leaves tokenization out and says so ("input").
+            cells.append(("concurrency", c, lambda c=c: {**workloads.concurrency(
+                pool, url, xm or tm, m["conc_len"], c, m["conc_total"], m["conc_warmup"], vocab, text=xm is not None),
+                "input": "texts" if xm is not None else "token ids (TEXT unreadable, see text_skipped)"}))
         chosen = [x.strip() for x in self.args.workloads.split(",") if x.strip()]
         for workload, x, fn in cells:
             if workload not in chosen:
