@@ -31,6 +31,11 @@ def _lat(c):
     return "n/a" if ("error" in c or "skipped" in c) else "-"
 
 
+def _sent_ids(cell) -> bool:
+    """A concurrency cell whose clients sent token ids instead of texts (see rose_client.bench)."""
+    return bool(cell) and str(cell.get("input", "")).startswith("token ids")
+
+
 def _pub(row, key, workload):
     v = (row or {}).get(key)
     if v is None:
@@ -82,8 +87,7 @@ def table(result: dict) -> str:
                 a, b = fmt(ours), fmt(naive)
             else:
                 a, b = _lat(ours), _lat(naive)
-                ids = lambda c: bool(c) and str(c.get("input", "")).startswith("token ids")  # noqa: E731
-                a, b = a + (" (ids)" if ids(ours) else ""), b + (" (ids)" if ids(naive) else "")
+                a, b = a + (" (ids)" if _sent_ids(ours) else ""), b + (" (ids)" if _sent_ids(naive) else "")
             g_text, g = _goal(row, workload)
             lines.append(f"| {label.format(x=x)} | {a} | {b} | {_pub(row, 'vllm', workload)} | "
                          f"{_pub(row, 'tulip', workload)} | {g_text} | {met(ours, g, workload)} |")
@@ -101,8 +105,8 @@ def describe(result: dict) -> str:
                      f"{st.get('first_response_s', '?')} s after launch"
                      + (f" ({v['text_skipped']}: no text cells" + (
                          "; its concurrency cells, marked (ids), send token ids, so they leave tokenization out)"
-                         if any(str(c.get("input", "")).startswith("token ids") for c in
-                                ((v.get("workloads") or {}).get("concurrency") or {}).values()) else ")")
+                         if any(map(_sent_ids, ((v.get("workloads") or {}).get("concurrency") or {}).values()))
+                         else ")")
                         if v.get("text_skipped") else ""))
     if len(result.get("runs") or []) > 1:
         gates.append(f"systems measured in {len(result['runs'])} device calls, merged with "

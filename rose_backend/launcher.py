@@ -254,6 +254,15 @@ class TritonProcess:
         self.stop()
 
 
+
+def stop_all(servers: list[TritonProcess]) -> None:
+    """Stop every server, all at once (each drains in parallel with the others)."""
+    stoppers = [threading.Thread(target=s.stop) for s in servers]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rose-serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("MODEL") or None,
@@ -316,11 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rose: {e}", file=sys.stderr)
         return 1
     finally:
-        stoppers = [threading.Thread(target=s.stop) for s in servers]   # replicas drain in parallel
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join()
+        stop_all(servers)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient
+from rose_client.bench.folders import cos_dist
 from rose_client.cli import main
 
 pytestmark = pytest.mark.server
@@ -22,11 +23,6 @@ def texts(n, seed=0):
     rng = np.random.default_rng(seed)
     words = "bulk embedding of many lines through three replicas with a progress bar and resume".split()
     return [f"line {i}: " + " ".join(rng.choice(words, size=int(rng.integers(2, 25)))) for i in range(n)]
-
-
-def cos_dist(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 def test_jsonl_to_parquet_and_parquet_to_npy(server, tmp_path, capsys):

@@ -17,6 +17,7 @@ import pytest
 
 import rose_client.client as client_mod
 from rose_client import AllReplicasDown, AsyncEmbeddingClient, ConnectionLost, EmbeddingClient, ServerError
+from rose_client.bench.folders import cos_dist
 from rose_client.chunking import chunk_ranges, estimate_text_tokens
 
 D = 8
@@ -281,11 +282,6 @@ def mixed_texts(n, seed=0):
     words = ("embedding server replica chunk token budget balance latency tail queue triton rose ivy "
              "tulip graph kernel batch ragged attention pooling vector search retrieval").split()
     return [f"{i}: " + " ".join(rng.choice(words, size=int(rng.integers(3, 41)))) for i in range(n)]
-
-
-def cos_dist(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 @pytest.mark.server

@@ -21,13 +21,9 @@ from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
 from rose_backend.serving.service import (CANCELLED, SHUTTING_DOWN, EmbeddingService, Overloaded,
                                           ShuttingDown, is_out_of_memory, wait_until)
 from rose_client import ConnectionLost, ServerError, StreamConnection
+from rose_client.bench.folders import cos_dist
 
 HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[CLS] hello [SEP]"
-
-
-def cos_dist(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 # ---- the service, with a real CPU engine ------------------------------------------------------

@@ -8,11 +8,7 @@ from safetensors.torch import save_file
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
-
-
-def cos_dist(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+from rose_client.bench.folders import cos_dist
 
 
 def write_random_encoder(tmp_path, model_type, pooling, normalize, layers=2, hidden=64, heads=4, seed=0):

@@ -17,6 +17,7 @@ from rose_backend.engine.engine import Engine
 from rose_backend.layers.attention import AttentionMetadata
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.models import build_model
+from rose_client.bench.folders import cos_dist
 from tests.qwen3_folders import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
 
 TOL = 1e-4
@@ -24,11 +25,6 @@ LENGTHS = (7, 1, 33, 12, 2)                 # ragged, with a length-1 sequence a
 
 # (num_layers, num_heads, num_kv_heads, head_dim): MHA, GQA 2:1 and 4:1, MQA, head dims 16..128
 SHAPES = [(1, 4, 4, 16), (2, 4, 2, 32), (3, 8, 2, 16), (2, 4, 1, 64), (1, 2, 1, 128)]
-
-
-def one_minus_cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1.0 - (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def random_sequences(n_vocab: int, lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
@@ -69,13 +65,13 @@ def test_ragged_batch_matches_hf_per_sequence(folder_for, style, shape):
     engine.model.attn.plan(AttentionMetadata(cu, max(LENGTHS), list(LENGTHS), cfg.causal))
     with torch.inference_mode():
         hidden = engine.model(ids, positions).numpy()
-    assert one_minus_cos(hidden, np.concatenate(refs)).max() <= TOL
+    assert cos_dist(hidden, np.concatenate(refs)).max() <= TOL
 
     # pooled, through the engine
     pooled_ref = np.stack([r[-1] if cfg.pooling == "lasttoken" else r.mean(0) for r in refs])
     emb = engine.embed(seqs)
     assert emb.shape == (len(seqs), cfg.hidden_size)
-    assert one_minus_cos(emb, pooled_ref).max() <= TOL
+    assert cos_dist(emb, pooled_ref).max() <= TOL
     if cfg.normalize:
         np.testing.assert_allclose(np.linalg.norm(emb, axis=-1), 1.0, rtol=1e-5)
 
@@ -86,7 +82,7 @@ def test_ragged_batch_equals_one_at_a_time(folder_for, style):
     seqs = random_sequences(engine.cfg.vocab_size, lengths=(5, 40, 1, 17), seed=1)
     batched = engine.embed(seqs)
     single = np.concatenate([engine.embed([s]) for s in seqs])
-    assert one_minus_cos(batched, single).max() <= 1e-6
+    assert cos_dist(batched, single).max() <= 1e-6
 
 
 def test_causal_lm_folder_loads_and_matches(folder_for):
@@ -110,7 +106,7 @@ def test_query_prompt_template(folder_for):
     ids = tok.encode(cfg.prompts["query"] + "the cat sat on the mat").ids
     assert ids[-1] == tok.token_to_id("<|endoftext|>") and 0 not in ids
     ref = hf_hidden(hf_reference_model(folder), ids, causal=True)[-1].numpy()
-    assert one_minus_cos(Engine(cfg).embed([ids])[0], ref) <= TOL
+    assert cos_dist(Engine(cfg).embed([ids])[0], ref) <= TOL
 
 
 def test_pplx_folder_config(folder_for):

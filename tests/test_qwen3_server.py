@@ -4,17 +4,13 @@ and token ids through `rose`, against transformers' Qwen3Model on the same weigh
 import numpy as np
 import pytest
 
+from rose_client.bench.folders import cos_dist
 from tests.qwen3_folders import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
 
 pytestmark = pytest.mark.server
 
 TEXTS = ["the cat sat on the mat", "apple", "a river of blue and green passages . " * 6,
          "retrieve relevant passages for a web search query", "Query : what is the model ?"]
-
-
-def cos_dist(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,13 @@ import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient, ServerError, StreamConnection
+from rose_client.bench.folders import cos_dist
 
 pytestmark = pytest.mark.server
 
 VARIED = ["a", "word", "The Eiffel Tower is in Paris. " * 60, "naïve café, Grüße, 日本語のテキスト",
           "emoji 🚀🔥👍🏽 and ZWJ 👩‍👩‍👧", "tabs\tand\nnewlines", "UPPER lower MiXeD 12345 3.14159",
           "x", "a somewhat longer sentence about retrieval augmented generation and embeddings"]
-
-
-def cos_dist(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 def test_embed_matches_sentence_transformers(client, sentence_model):

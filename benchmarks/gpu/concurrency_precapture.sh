@@ -6,10 +6,7 @@
 #   bash benchmarks/gpu/concurrency_precapture.sh COMMIT      (from the repository root, $OUT set)
 set -u
 COMMIT=${1:-unknown}
-source .gpu/enter.sh
-mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site
-export ROSE_STUB_SITE=/tmp/stub-site
-export PYTHONPATH=$PWD:$PWD/ensemble:$PWD/client:${PYTHONPATH:-}
+source benchmarks/gpu/enter_bench.sh
 KEYS=1:576,2:1280,4:1792,4:2304,8:2816,8:3328,8:3840,8:4352,16:4864,16:5376,16:5888,16:6400,16:6912,16:7424,16:7936,16:8448
 for run in lazy precaptured; do
   extra=(); [ $run = precaptured ] && extra=(--rose-param "precapture=$KEYS")

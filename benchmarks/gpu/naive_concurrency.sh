@@ -4,8 +4,7 @@
 #   bash benchmarks/gpu/naive_concurrency.sh COMMIT
 set -u
 COMMIT=${1:-unknown}
-source .gpu/enter.sh
-export PYTHONPATH=$PWD:$PWD/ensemble:$PWD/client:${PYTHONPATH:-}
+source benchmarks/gpu/enter_bench.sh
 for model in bge-m3 pplx-embed; do
   timeout 200 python3 -m rose_client.bench --quick --model $model --systems naive --workloads concurrency \
     --no-perf-analyzer --no-charts --out /tmp/res/$model --workdir /tmp/b-$model --budget-s 150 --git-commit $COMMIT \

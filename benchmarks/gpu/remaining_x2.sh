@@ -6,10 +6,7 @@
 # Run from the repository root with $OUT set:  bash benchmarks/gpu/remaining_x2.sh COMMIT
 set -u
 COMMIT=${1:-unknown}
-source .gpu/enter.sh
-mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site
-export ROSE_STUB_SITE=/tmp/stub-site
-export PYTHONPATH=$PWD:$PWD/ensemble:$PWD/client:${PYTHONPATH:-}
+source benchmarks/gpu/enter_bench.sh
 timeout 120 python3 -m pytest tests/gpu/test_multi_gpu.py -q > $OUT/test_multi_gpu.log 2>&1; echo "test_multi_gpu rc=$?"
 timeout 200 python3 -m rose_client.bench.multi_gpu --model bge-m3 --gpus 0,1 --layouts one-server \
   --out $OUT --budget-s 150 --keep-logs --git-commit $COMMIT > $OUT/multi_gpu_one_server.log 2>&1
@@ -24,7 +21,7 @@ echo "one-server rc=$?"
   timeout 200 python3 -m rose_client.bench --quick --model pplx-embed --systems rose --workloads concurrency \
     --no-perf-analyzer --no-charts --out $OUT/pplx-rose --workdir /tmp/b-rose --budget-s 150 --git-commit $COMMIT \
     > $OUT/pplx_rose_concurrency.log 2>&1; echo "pplx rose rc=$?"
-  env -u ROSE_STUB_SITE timeout 120 python3 -m rose_client.bench --quick --model pplx-embed --systems naive \
+  timeout 120 python3 -m rose_client.bench --quick --model pplx-embed --systems naive \
     --workloads throughput --no-perf-analyzer --no-charts --out $OUT/pplx-naive --workdir /tmp/b-naive \
     --budget-s 100 --git-commit $COMMIT > $OUT/pplx_naive_throughput.log 2>&1; echo "pplx naive rc=$?"
 ) &

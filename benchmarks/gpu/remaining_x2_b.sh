@@ -6,10 +6,7 @@
 #   bash benchmarks/gpu/remaining_x2_b.sh COMMIT
 set -u
 COMMIT=${1:-unknown}
-source .gpu/enter.sh
-mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site
-export ROSE_STUB_SITE=/tmp/stub-site
-export PYTHONPATH=$PWD:$PWD/ensemble:$PWD/client:${PYTHONPATH:-}
+source benchmarks/gpu/enter_bench.sh
 timeout 150 python3 -m pytest tests/gpu/test_multi_gpu.py -q > $OUT/test_multi_gpu.log 2>&1; echo "test_multi_gpu rc=$?"
 (
   export CUDA_VISIBLE_DEVICES=0
@@ -19,7 +16,7 @@ timeout 150 python3 -m pytest tests/gpu/test_multi_gpu.py -q > $OUT/test_multi_g
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  env -u ROSE_STUB_SITE timeout 200 python3 -m rose_client.bench --quick --model pplx-embed --systems naive \
+  timeout 200 python3 -m rose_client.bench --quick --model pplx-embed --systems naive \
     --workloads throughput --no-perf-analyzer --no-charts --out /tmp/res/pplx-naive --workdir /tmp/b-naive \
     --budget-s 180 --git-commit $COMMIT > $OUT/pplx_naive_throughput.log 2>&1; echo "pplx naive rc=$?"
 ) &

@@ -14,17 +14,11 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, available_backends,
                                            make_backend)
-from tests.gpu.models import HFReference, make_bge_m3_folder
+from tests.gpu.models import HFReference, cos_gap, make_bge_m3_folder
 
 N_BATCHES = int(os.environ.get("ROSE_GPU_BATCHES", "1000"))
 N_HF = int(os.environ.get("ROSE_GPU_HF_BATCHES", "40"))
 MAX_TOKENS = 8192
-
-
-def _cos_gap(a: np.ndarray, b: np.ndarray) -> float:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return float(1 - (a * b).sum(1).min())
 
 
 def _compositions(rng, n, max_len, max_seqs=64, max_tokens=MAX_TOKENS, vocab=30000):
@@ -97,7 +91,7 @@ def _check_model(cfg, max_len, n_batches, n_hf, seed, report):
                 got = lt.synchronize()
                 ref = eager.step(bb).synchronize()
                 assert got.shape == (bb.num_seqs, cfg.embedding_dim) and np.isfinite(got).all()
-                gap = _cos_gap(got, ref)
+                gap = cos_gap(got, ref)
                 worst = max(worst, gap)
                 assert gap <= 1e-3, f"graph vs eager: 1-cos {gap} for lens {bb.seq_lens.tolist()}"
             inflight = []
@@ -112,7 +106,7 @@ def _check_model(cfg, max_len, n_batches, n_hf, seed, report):
         for _ in range(3):                           # eager, capture, replay: compare the replay
             g = graph.step(b).synchronize()
         e = eager.step(b).synchronize()
-        worst_hf_g, worst_hf_e = max(worst_hf_g, _cos_gap(g, ref)), max(worst_hf_e, _cos_gap(e, ref))
+        worst_hf_g, worst_hf_e = max(worst_hf_g, cos_gap(g, ref)), max(worst_hf_e, cos_gap(e, ref))
     report.update(batches=len(comps), worst_graph_vs_eager=worst, worst_graph_vs_hf=worst_hf_g,
                   worst_eager_vs_hf=worst_hf_e, seconds=time.perf_counter() - t0,
                   stats=str(graph.stats), backends=sorted(graph._backends))

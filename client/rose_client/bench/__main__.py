@@ -61,12 +61,30 @@ TEXT_MODEL = {"rose": "embed", "naive": "naive"}
 # need numpy 2 there); Triton 2.51's backend cannot read BYTES under numpy 2 (its stub crashes),
 # so on such a machine the naive system is measured on token ids only.
 NAIVE_TEXT_SKIPPED = "skipped: Triton 2.51's Python backend cannot read BYTES inputs under numpy 2"
-# ... and its concurrency cells then send token ids (marked "input" in the cell)
 
 
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def comma_list(value: str) -> list[str]:
+    """"a, b,,c" -> ["a", "b", "c"]."""
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def counts_json(counts: dict) -> dict:
+    """A mode's request counts as JSON (dict keys as strings)."""
+    return {k: ({str(a): b for a, b in v.items()} if isinstance(v, dict) else v) for k, v in counts.items()}
+
+
+def save_json(path: Path, result: dict, t_start: float) -> None:
+    """Write `result` (with elapsed_s since t_start) to `path` atomically: a run cut short keeps
+    its last complete file."""
+    result["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
 
 
 def repo_root() -> Path:
@@ -126,10 +144,7 @@ class Bench:
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def save(self) -> None:
-        self.result["elapsed_s"] = round(time.monotonic() - self.t_start, 1)
-        tmp = self.json_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.result, indent=1))
-        tmp.replace(self.json_path)
+        save_json(self.json_path, self.result, self.t_start)
 
     def time_left(self, deadline) -> float:
         return float("inf") if deadline is None else deadline - time.monotonic()
@@ -145,9 +160,7 @@ class Bench:
         self.result = {
             "schema": "rose-bench/1", "model": self.model,
             "model_title": published.MODEL_TITLES.get(self.model, self.model),
-            "mode": self.mode, "counts": {k: (list(v) if isinstance(v, tuple) else
-                                              {str(a): b for a, b in v.items()} if isinstance(v, dict) else v)
-                                          for k, v in self.m.items()},
+            "mode": self.mode, "counts": counts_json(self.m),
             "command": "python -m rose_client.bench " + " ".join(sys.argv[1:]),
             "git": git_commit(self.args.git_commit),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -184,7 +197,7 @@ class Bench:
         self.save()
 
         pool_size = max(max(self.m["concurrency"]), self.m["tput_procs"])
-        systems = [s.strip() for s in self.args.systems.split(",") if s.strip()]
+        systems = comma_list(self.args.systems)
         with workloads.ClientPool(pool_size) as pool:
             for i, system in enumerate(systems):
                 left = self.time_left(self.deadline)
@@ -313,7 +326,7 @@ class Bench:
             cells.append(("concurrency", c, lambda c=c: {**workloads.concurrency(
                 pool, url, xm or tm, m["conc_len"], c, m["conc_total"], m["conc_warmup"], vocab, text=xm is not None),
                 "input": "texts" if xm is not None else "token ids (TEXT unreadable, see text_skipped)"}))
-        chosen = [x.strip() for x in self.args.workloads.split(",") if x.strip()]
+        chosen = comma_list(self.args.workloads)
         for workload, x, fn in cells:
             if workload not in chosen:
                 continue

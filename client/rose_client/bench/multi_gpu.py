@@ -34,13 +34,18 @@ from pathlib import Path
 import numpy as np
 
 from rose_client.bench import folders, workloads
-from rose_client.bench.__main__ import git_commit, host_info, log
+from rose_client.bench.__main__ import MODES, comma_list, counts_json, git_commit, host_info, log, save_json
 
-COUNTS = {
-    "full": dict(throughput=(512, 1024, 4096), tput_batch=100, tput_batches={512: 20, 1024: 10, 4096: 3},
-                 conc_len=512, conc_total=1024, warmup=1),
-    "tiny": dict(throughput=(16,), tput_batch=4, tput_batches={16: 2}, conc_len=16, conc_total=8, warmup=1),
-}
+
+def _counts(mode: str, **override) -> dict:
+    """The throughput and concurrency counts of rose_client.bench's `mode`, with overrides."""
+    m = MODES[mode]
+    return {"throughput": m["throughput"], "tput_batch": m["tput_batch"], "tput_batches": m["tput_batches"],
+            "conc_len": m["conc_len"], "conc_total": m["conc_total"], "warmup": m["tput_warmup"], **override}
+
+
+COUNTS = {"full": _counts("full", conc_total=1024),
+          "tiny": _counts("tiny", throughput=(16,), conc_len=16, conc_total=8)}
 
 
 def gpu_memory() -> list[dict] | None:
@@ -64,7 +69,7 @@ class MultiGpuBench:
         self.args = args
         self.m = COUNTS["tiny" if args.cpu_smoke else "full"]
         self.model = folders.shape_name(args.model)
-        self.gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+        self.gpus = comma_list(args.gpus)
         self.out, self.work = Path(args.out), Path(args.workdir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.work.mkdir(parents=True, exist_ok=True)
@@ -73,10 +78,7 @@ class MultiGpuBench:
         self.deadline = self.t_start + args.budget_s if args.budget_s else None
 
     def save(self) -> None:
-        self.result["elapsed_s"] = round(time.monotonic() - self.t_start, 1)
-        tmp = self.json_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.result, indent=1))
-        tmp.replace(self.json_path)
+        save_json(self.json_path, self.result, self.t_start)
 
     def layouts(self) -> list[tuple[str, list[str | None]]]:
         """(name, one CUDA_VISIBLE_DEVICES value per server; None: leave the environment alone)."""
@@ -85,7 +87,7 @@ class MultiGpuBench:
         else:
             all_ = [("one-gpu", [self.gpus[0]]), ("one-server", [",".join(self.gpus)]),
                     ("per-gpu-servers", list(self.gpus))]
-        chosen = [x.strip() for x in self.args.layouts.split(",") if x.strip()]
+        chosen = comma_list(self.args.layouts)
         return [(n, v) for n, v in all_ if not chosen or n in chosen]
 
     def run(self) -> int:
@@ -97,8 +99,7 @@ class MultiGpuBench:
             "command": "python -m rose_client.bench.multi_gpu " + " ".join(sys.argv[1:]),
             "git": git_commit(self.args.git_commit),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": host_info(device), "counts": {k: (v if not isinstance(v, dict) else {str(a): b for a, b in v.items()})
-                                                  for k, v in self.m.items()},
+            "host": host_info(device), "counts": counts_json(self.m),
             "procs": self.args.procs, "clients": self.args.clients,
             "client_kwargs": self.client_kwargs(), "layouts": {},
         }
@@ -106,6 +107,9 @@ class MultiGpuBench:
         folders.make_folder(self.model, folder, device=device)
         self.folder = folder
         self.check_ids = [folders.random_ids(np.random.default_rng(5), self.vocab, n) for n in (64, 300, 17)]
+        from rose_backend.launcher import DEFAULT_REPOSITORY, repository_copy
+        params = {"rose": {"max_queued_tokens": "0", **dict(kv.split("=", 1) for kv in self.args.rose_param)}}
+        self.repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params)      # one for every layout
         self.save()
         ok = True
         size = max(max(self.args.clients), max(self.args.procs))
@@ -126,9 +130,7 @@ class MultiGpuBench:
         return {"token_budget": self.args.token_budget, "max_inflight_tokens": self.args.max_inflight_tokens}
 
     def run_layout(self, name: str, visible: list[str | None], pool, res: dict) -> None:
-        from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
-        params = {"rose": {"max_queued_tokens": "0", **dict(kv.split("=", 1) for kv in self.args.rose_param)}}
-        repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params)
+        from rose_backend.launcher import TritonProcess, free_ports, stop_all
         servers = []
         try:
             t0 = time.monotonic()
@@ -138,7 +140,7 @@ class MultiGpuBench:
                     env["CUDA_VISIBLE_DEVICES"] = vis
                 log_file = self.work / f"triton-{name}-{i}.log"
                 log_file.unlink(missing_ok=True)
-                servers.append(TritonProcess(str(self.folder), repo, free_ports(), log_file=log_file, env=env).start())
+                servers.append(TritonProcess(str(self.folder), self.repo, free_ports(), log_file=log_file, env=env).start())
             for s in servers:
                 s.wait_ready(timeout=self.args.ready_timeout, models=("tokenize", "rose", "embed"))
             urls = [s.grpc_url for s in servers]
@@ -147,16 +149,11 @@ class MultiGpuBench:
             self.check(urls, res)
             self.cells(name, urls, pool, res)
         finally:
-            import threading
-            stoppers = [threading.Thread(target=s.stop) for s in servers]     # servers drain in parallel
-            for t in stoppers:
-                t.start()
-            for t in stoppers:
-                t.join()
-            for i in range(len(visible)):
+            stop_all(servers)
+            for i in range(len(visible) if self.args.keep_logs else 0):
                 f = self.work / f"triton-{name}-{i}.log"
                 if f.exists():
-                    shutil.copy(f, self.out / f"triton-{self.model}-{name}-{i}.log") if self.args.keep_logs else None
+                    shutil.copy(f, self.out / f"triton-{self.model}-{name}-{i}.log")
 
     def check(self, urls: list[str], res: dict) -> None:
         """Every server answers, and all give the same embeddings (one model, several GPUs)."""
