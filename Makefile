@@ -1,6 +1,7 @@
 # make serve   - install what is needed (first run) and serve the default model with tritonserver
 # make test    - install the test dependencies and run the whole CPU test suite
 # Variables: MODEL=<HF folder>  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
+#            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)  API_KEY=...
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
 PY ?= python3
 VENV ?= .venv
@@ -8,6 +9,8 @@ BIN := $(VENV)/bin
 GRPC_PORT ?= 8001
 HTTP_PORT ?= 8000
 METRICS_PORT ?= 8002
+GATEWAY ?= 1
+GATEWAY_PORT ?= 8080
 ADDRESS ?= 127.0.0.1
 REPLICAS ?= 1
 MODEL ?=
@@ -25,18 +28,19 @@ $(VENV)/.installed: pyproject.toml
 	 else $(PY) -m venv $(VENV); fi
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e ".[gateway]"
 	@command -v tritonserver >/dev/null || [ -n "$$TRITONSERVER_BIN" ] || \
 	  $(BIN)/python -m pip install -q --no-deps nvidia-pytriton==0.7.0
 	@touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[test,bench,cli]"
+	$(BIN)/python -m pip install -q -e ".[test,bench,cli,gateway]"
 	@touch $@
 
 serve: install
 	$(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
+	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(GPUS),--gpus "$(GPUS)")
 
 test: $(VENV)/.test-installed

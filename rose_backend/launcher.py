@@ -263,6 +263,20 @@ def stop_all(servers: list[TritonProcess]) -> None:
     for t in stoppers:
         t.join()
 
+def start_gateway(port: int, address: str, model: str | None, urls: str) -> "GatewayProcess | None":
+    """The OpenAI-compatible HTTP gateway (rose_gateway) in front of the servers; None when port is 0."""
+    if not port:
+        return None
+    from rose_gateway.process import GatewayProcess
+    gateway = GatewayProcess(urls, port, address, model).start()
+    try:
+        gateway.wait_up()
+    except RuntimeError as e:
+        gateway.stop()
+        raise LaunchError(f"{e} (GATEWAY=0 serves without it)") from None
+    return gateway
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rose-serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("MODEL") or None,
@@ -278,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default=os.environ.get("GPUS", ""),
                    help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
     p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
+    p.add_argument("--gateway-port", type=int, default=int(os.environ.get("GATEWAY_PORT") or 8080),
+                   help="port of the OpenAI-compatible HTTP gateway (default 8080; 0: no gateway)")
     args = p.parse_args(argv)
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
@@ -300,18 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     t0 = time.monotonic()
+    gateway = None
     try:
         for s in servers:
             s.start()
         for s in servers:
             s.wait_ready()
         urls = ",".join(s.grpc_url for s in servers)
+        gateway = start_gateway(args.gateway_port, args.address, args.model, urls)
         from rose_backend.config import resolve_model_dir
         print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
               f"{time.monotonic() - t0:.1f} s. Models: embed (text), tokenize, rose (token ids).\n"
               f"  python -c \"from rose_client import EmbeddingClient; "
               f"print(EmbeddingClient('{urls}').embed(['hello world']).shape)\"\n"
-              f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n",
+              f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n"
+              + (f"  HTTP (OpenAI-compatible): {gateway.url}/v1/embeddings\n" if gateway else ""),
               flush=True)
         while not stopping and all(s.proc.poll() is None for s in servers):
             time.sleep(0.2)
@@ -325,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rose: {e}", file=sys.stderr)
         return 1
     finally:
+        if gateway is not None:
+            gateway.stop()
         stop_all(servers)
 
 

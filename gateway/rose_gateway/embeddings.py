@@ -1,0 +1,148 @@
+"""POST /v1/embeddings: OpenAI's request checked field by field, and its response built.
+
+    {"input": "text" | ["text", ...] | [101, 2054, 102] | [[101, 102], ...], "model": "...",
+     "dimensions": 128, "encoding_format": "float" | "base64",
+     "task": "query", "truncate": true}          <- rose's extensions; unknown fields are ignored
+
+`dimensions`: Matryoshka truncation. The server has no DIMENSIONS input yet, so the gateway keeps the
+first `dimensions` values and renormalises them, which is exactly the model's own output shape only
+when the model normalises its embeddings; for a model that does not, the field is refused (400).
+`encoding_format: base64`: each embedding as base64 of its little-endian float32 bytes (as OpenAI).
+`truncate` (default true, rose's behaviour): texts over the model's max_seq_length tokens are cut
+there (token-id inputs too); false refuses such an input with 400 naming it.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from rose_gateway.errors import bad_request, too_large
+
+ENCODINGS = ("float", "base64")
+MAX_TOKEN_ID = (1 << 31) - 1
+
+
+@dataclass(slots=True)
+class EmbeddingRequest:
+    texts: list[str] | None             # exactly one of texts / token_lists is set
+    token_lists: list[list[int]] | None
+    model: str | None
+    dimensions: int | None
+    encoding_format: str
+    task: str | None
+    truncate: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_lists)
+
+
+def parse_embedding_request(body: object, max_inputs: int) -> EmbeddingRequest:
+    if not isinstance(body, dict):
+        raise bad_request("body", "the request body must be a JSON object")
+    if "input" not in body:
+        raise bad_request("input", "missing field 'input' (a string, a list of strings, a list of token ids "
+                                   "or a list of lists of token ids)")
+    texts, token_lists = _parse_input(body["input"], max_inputs)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model", f"'model' must be a string, got {_kind(model)}")
+    dims = body.get("dimensions")
+    if dims is not None and (not _is_int(dims) or dims < 1):
+        raise bad_request("dimensions", f"'dimensions' must be a positive integer, got {json.dumps(dims)}")
+    enc = body.get("encoding_format") or "float"
+    if enc not in ENCODINGS:
+        raise bad_request("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {json.dumps(enc)}")
+    task = body.get("task")
+    if task is not None and (not isinstance(task, str) or not task):
+        raise bad_request("task", f"'task' must be a non-empty string (a prompt name), got {json.dumps(task)}")
+    truncate = body.get("truncate", True)
+    if truncate is None:
+        truncate = True
+    if not isinstance(truncate, bool):
+        raise bad_request("truncate", f"'truncate' must be true or false, got {json.dumps(truncate)}")
+    return EmbeddingRequest(texts, token_lists, model, dims, enc, task, truncate)
+
+
+def _parse_input(value, max_inputs: int) -> tuple[list[str] | None, list[list[int]] | None]:
+    if isinstance(value, str):
+        if not value:
+            raise bad_request("input", "'input' is an empty string")
+        return [value], None
+    if not isinstance(value, list):
+        raise bad_request("input", f"'input' must be a string or a list, got {_kind(value)}")
+    if not value:
+        raise bad_request("input", "'input' is an empty list: send at least one text")
+    if _is_int(value[0]):                                     # one sequence of token ids
+        _check_ids(value, "input")
+        return None, [value]
+    if len(value) > max_inputs:
+        raise too_large("input", f"'input' has {len(value)} items; this gateway takes at most {max_inputs} "
+                                 "per request (split the request)")
+    if isinstance(value[0], str):
+        for i, t in enumerate(value):
+            if not isinstance(t, str):
+                raise bad_request(f"input[{i}]", f"input[{i}] is {_kind(t)}; a list of texts must hold only strings")
+            if not t:
+                raise bad_request(f"input[{i}]", f"input[{i}] is an empty string")
+        return value, None
+    if isinstance(value[0], list):
+        for i, ids in enumerate(value):
+            if not isinstance(ids, list):
+                raise bad_request(f"input[{i}]", f"input[{i}] is {_kind(ids)}; a list of token-id lists must "
+                                                 "hold only lists of integers")
+            _check_ids(ids, f"input[{i}]")
+        return None, value
+    raise bad_request("input[0]", f"input[0] is {_kind(value[0])}; 'input' must hold strings, integers "
+                                  "(token ids) or lists of integers")
+
+
+def _check_ids(ids: list, where: str) -> None:
+    if not ids:
+        raise bad_request(where, f"{where} is an empty list of token ids")
+    for j, t in enumerate(ids):
+        if not _is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
+            raise bad_request(where, f"{where}[{j}] = {json.dumps(t)} is not a token id (an integer >= 0)")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _kind(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def check_dimensions(dims: int | None, normalizes: bool) -> None:
+    """Before the call: a model that does not normalise has no Matryoshka truncation here."""
+    if dims is not None and not normalizes:
+        raise bad_request("dimensions", "'dimensions' is not supported for this model: it does not normalise its "
+                                        "embeddings, so a truncated one has no defined scale (omit 'dimensions')")
+
+
+def cut_dimensions(emb: np.ndarray, dims: int | None, normalizes: bool) -> np.ndarray:
+    """Matryoshka truncation to `dims` values, renormalised to unit length. emb: float32 [n, D]."""
+    check_dimensions(dims, normalizes)
+    if dims is None or dims == emb.shape[1]:
+        return emb
+    if dims > emb.shape[1]:
+        raise bad_request("dimensions", f"'dimensions' is {dims}; this model's embeddings have {emb.shape[1]}")
+    out = emb[:, :dims]
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return np.ascontiguousarray(out / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def embedding_response(emb: np.ndarray, encoding: str, model: str, prompt_tokens: int) -> bytes:
+    """OpenAI's response body, built as text (json.dumps of a dict of lists is slower)."""
+    if encoding == "base64":
+        le = emb.astype("<f4", copy=False)
+        rows = ['"' + base64.b64encode(le[i].tobytes()).decode("ascii") + '"' for i in range(len(le))]
+    else:
+        rows = [json.dumps(r) for r in emb.tolist()]
+    data = ",".join(f'{{"object":"embedding","index":{i},"embedding":{r}}}' for i, r in enumerate(rows))
+    return (f'{{"object":"list","data":[{data}],"model":{json.dumps(model)},'
+            f'"usage":{{"prompt_tokens":{prompt_tokens},"total_tokens":{prompt_tokens}}}}}').encode()

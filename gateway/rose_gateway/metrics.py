@@ -1,0 +1,32 @@
+"""The gateway's Prometheus metrics (GET /metrics), in a registry of its own per app."""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("rose_gateway_requests", "HTTP requests answered, by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.errors = Counter("rose_gateway_errors", "HTTP requests answered with an error (status >= 400)",
+                              ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("rose_gateway_request_duration_seconds", "Time from request to response",
+                                 ["endpoint"], buckets=_BUCKETS, registry=self.registry)
+        self.inputs = Counter("rose_gateway_inputs", "Inputs (texts or token-id sequences) embedded",
+                              registry=self.registry)
+        self.tokens = Counter("rose_gateway_prompt_tokens", "Prompt tokens embedded (usage.prompt_tokens)",
+                              registry=self.registry)
+
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+        if status >= 400:
+            self.errors.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,83 @@
+"""The gateway as a child process: what `make serve` (rose_backend.launcher) and the tests start.
+
+    with GatewayProcess("127.0.0.1:8001", port=8080) as gw:     # waits until it answers
+        print(gw.url)                                           # http://127.0.0.1:8080
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class GatewayProcess:
+    def __init__(self, triton_urls: str | list[str], port: int = 8080, host: str = "127.0.0.1",
+                 model_dir: str | None = None, api_key: str | None = None, extra_args: list[str] | None = None,
+                 log_file: str | Path | None = None):
+        self.urls = triton_urls if isinstance(triton_urls, str) else ",".join(triton_urls)
+        self.port, self.host, self.model_dir, self.api_key = port, host, model_dir, api_key
+        self.extra_args, self.log_file = extra_args or [], log_file
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}"
+
+    def start(self) -> "GatewayProcess":
+        env = dict(os.environ)
+        paths = [str(REPO_ROOT / "gateway"), str(REPO_ROOT / "client"), str(REPO_ROOT)]
+        env["PYTHONPATH"] = ":".join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env.pop("API_KEY", None)
+        if self.api_key:
+            env["API_KEY"] = self.api_key          # by environment: kept out of `ps`
+        cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,
+               "--port", str(self.port)] + (["--model", str(self.model_dir)] if self.model_dir else []) + self.extra_args
+        out = open(self.log_file, "ab") if self.log_file else None
+        self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                     start_new_session=True)
+        if out:
+            out.close()
+        return self
+
+    def wait_up(self, timeout: float = 60.0) -> None:
+        """Until the gateway answers HTTP (its /health may still say Triton is not ready)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited with code {self.proc.returncode}"
+                                   + (f"; see {self.log_file}" if self.log_file else ""))
+            try:
+                with urllib.request.urlopen(self.url + "/metrics", timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        raise RuntimeError(f"the gateway did not answer on {self.url} within {timeout:.0f} s")
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)        # uvicorn finishes requests in flight, then exits
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+    def __enter__(self):
+        self.start()
+        try:
+            self.wait_up()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,66 @@
+"""What the Triton replicas serve right now: readiness for GET /health, and whether a `rerank` model
+is there (looked up at most every `cache_s` seconds), through tritonclient's asyncio gRPC client."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tritonclient.grpc.aio import InferenceServerClient
+
+EMBED_MODELS = ("embed", "tokenize", "rose")
+
+
+class TritonState:
+    def __init__(self, urls: list[str], timeout: float = 2.0, cache_s: float = 5.0):
+        self.urls, self.timeout, self.cache_s = urls, timeout, cache_s
+        self._clients: dict[str, InferenceServerClient] = {}
+        self._rerank: tuple[float, bool] = (-1e9, False)
+
+    def _client(self, url: str) -> InferenceServerClient:
+        if url not in self._clients:
+            self._clients[url] = InferenceServerClient(url)
+        return self._clients[url]
+
+    async def replica_status(self, url: str, models: tuple[str, ...] = EMBED_MODELS) -> str:
+        """'ready', or why not."""
+        try:
+            c = self._client(url)
+            flags = await asyncio.wait_for(asyncio.gather(
+                *(c.is_model_ready(m, client_timeout=self.timeout) for m in models)), self.timeout + 0.5)
+        except Exception as e:                      # unreachable, timeout: the message is enough
+            return f"unreachable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+        missing = [m for m, ok in zip(models, flags) if not ok]
+        return "ready" if not missing else f"models not ready: {', '.join(missing)}"
+
+    async def tokenize_parameters(self) -> dict[str, str] | None:
+        """The `tokenize` model's config.pbtxt parameters (prompts, max_seq_length, ...) from the first
+        replica that answers; None when none does."""
+        for url in self.urls:
+            try:
+                cfg = await self._client(url).get_model_config("tokenize", as_json=True, client_timeout=self.timeout)
+            except Exception:
+                continue
+            params = cfg.get("config", cfg).get("parameters", {})
+            return {k: v.get("string_value", "") for k, v in params.items()}
+        return None
+
+    async def health(self) -> dict[str, str]:
+        states = await asyncio.gather(*(self.replica_status(u) for u in self.urls))
+        return dict(zip(self.urls, states))
+
+    async def serves_rerank(self) -> bool:
+        at, ok = self._rerank
+        if time.monotonic() - at < self.cache_s:
+            return ok
+        states = await asyncio.gather(*(self.replica_status(u, ("rerank",)) for u in self.urls))
+        ok = any(s == "ready" for s in states)
+        self._rerank = (time.monotonic(), ok)
+        return ok
+
+    async def close(self) -> None:
+        for c in self._clients.values():
+            try:
+                await c.close()
+            except Exception:
+                pass
+        self._clients.clear()
