@@ -10,6 +10,8 @@ replica, and its rows are written once, by the first attempt that succeeds.
   marked down for a backoff (0.1 s doubling up to 5 s; its stream is closed so late answers cannot
   arrive) and the chunk goes to another replica. A down replica is tried again after its backoff.
 - The server says it is overloaded ("... retry later"): the chunk is retried after a backoff.
+- The server says it is shutting down (the model "has no available versions"): as a broken stream,
+  so the replica's stream is closed (tritonserver waits for open streams before it exits).
 - The server rejects the input (bad text, bad token id): the call raises ServerError at once,
   naming the input positions of the chunk.
 - Every replica has failed `retries` times in a row: the call raises AllReplicasDown naming each
@@ -312,10 +314,10 @@ class _Job:
             raise ServerError(f"{exc} (inputs {chunk.start}..{chunk.end - 1} of this call)") from exc
         broken = None
         with c._lock:
-            if isinstance(exc, ServerError):              # overloaded: back off, try again (anywhere)
+            if isinstance(exc, ServerError) and not exc.server_leaving:   # overloaded: back off, retry anywhere
                 r.last_error = str(exc)
                 chunk.not_before = time.monotonic() + min(c.backoff * 2 ** min(chunk.attempts, 10), c.max_backoff)
-            else:                                         # ConnectionLost and anything else: replica failed
+            else:                                         # ConnectionLost, a server leaving, anything else: replica failed
                 broken = c._replica_failed(r, att.conn, str(exc))
                 chunk.failed_on.add(r.url)
             self._requeue(chunk)

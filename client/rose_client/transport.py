@@ -31,15 +31,20 @@ class ServerError(RuntimeError):
 
     `retryable` is True when the server said it is overloaded / unavailable ("... retry later"):
     the same request may succeed later or elsewhere. Bad input is not retryable.
+    `server_leaving` is True when the server is shutting down (Triton answers "... has no available
+    versions" once SIGTERM has unloaded the model): the request belongs on another replica, and the
+    stream should be closed, since tritonserver does not exit while a client holds one open.
     """
 
     def __init__(self, message: str):
         super().__init__(message)
         low = message.lower()
-        self.retryable = any(m in low for m in _RETRYABLE_MARKERS)
+        self.server_leaving = any(m in low for m in _LEAVING_MARKERS)
+        self.retryable = self.server_leaving or any(m in low for m in _RETRYABLE_MARKERS)
 
 
 _RETRYABLE_MARKERS = ("overloaded", "retry later", "unavailable", "exceeds the queue", "resource exhausted")
+_LEAVING_MARKERS = ("has no available versions", "shutting down")
 
 
 class ConnectionLost(ConnectionError):

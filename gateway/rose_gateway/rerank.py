@@ -79,6 +79,8 @@ class Reranker:
             except ServerError as e:
                 if not e.retryable:
                     raise from_triton(e) from None
+                if e.server_leaving:                       # let a stopping server exit
+                    conn.close(wait=False)
                 last = e
                 continue
             except Exception as e:                          # broken stream, timeout: next replica

@@ -28,6 +28,7 @@ class TritonState:
             flags = await asyncio.wait_for(asyncio.gather(
                 *(c.is_model_ready(m, client_timeout=self.timeout) for m in models)), self.timeout + 0.5)
         except Exception as e:                      # unreachable, timeout: the message is enough
+            await self._drop(url)                   # a fresh channel next time, not one in gRPC's backoff
             return f"unreachable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
         missing = [m for m, ok in zip(models, flags) if not ok]
         return "ready" if not missing else f"models not ready: {', '.join(missing)}"
@@ -39,6 +40,7 @@ class TritonState:
             try:
                 cfg = await self._client(url).get_model_config("tokenize", as_json=True, client_timeout=self.timeout)
             except Exception:
+                await self._drop(url)
                 continue
             params = cfg.get("config", cfg).get("parameters", {})
             return {k: v.get("string_value", "") for k, v in params.items()}
@@ -56,6 +58,14 @@ class TritonState:
         ok = any(s == "ready" for s in states)
         self._rerank = (time.monotonic(), ok)
         return ok
+
+    async def _drop(self, url: str) -> None:
+        c = self._clients.pop(url, None)
+        if c is not None:
+            try:
+                await c.close()
+            except Exception:
+                pass
 
     async def close(self) -> None:
         for c in self._clients.values():

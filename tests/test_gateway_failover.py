@@ -1,0 +1,109 @@
+"""The gateway in front of two real Triton replicas: one stopped, the other serves; both stopped, 503
+with Retry-After (and /health 503); both back, it recovers. And `make serve`'s launcher starts and
+stops the gateway with the servers."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from gateway_fixtures import PROMPTS, gateway_for
+from server import LOG_DIR, running_server
+
+from rose_backend.launcher import free_ports, start_gateway
+
+pytestmark = pytest.mark.server
+
+
+def embed(gw, text="failover"):
+    return httpx.post(gw.url + "/v1/embeddings", json={"input": [text, text + " two"]}, timeout=60)
+
+
+def wait_for_200(gw, timeout=60.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if embed(gw).status_code == 200:
+            return time.monotonic() - t0
+        time.sleep(0.2)
+    raise AssertionError(f"the gateway did not recover within {timeout:.0f} s")
+
+
+def stop_under_traffic(srv, gw, expect: int) -> float:
+    srv.proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    while srv.proc.poll() is None and time.monotonic() - t0 < 45:
+        r = embed(gw)
+        assert r.status_code == expect, r.text
+    srv.stop()
+    return time.monotonic() - t0
+
+
+def test_replicas_down_then_back():
+    with running_server(params=PROMPTS, name="gw-a") as a, running_server(params=PROMPTS, name="gw-b") as b, \
+            gateway_for(f"{a.grpc_url},{b.grpc_url}", "failover") as gw:
+        assert embed(gw).status_code == 200
+        # one replica stopping (SIGTERM) under traffic: the other answers every request, and the
+        # stopping one is let go (its stream closed), so it exits before its 30 s exit timeout
+        leaving_s = stop_under_traffic(a, gw, expect=200)
+        assert leaving_s < 25, f"replica a took {leaving_s:.1f} s to exit"
+        for i in range(4):
+            assert embed(gw, f"one down {i}").status_code == 200
+        print(f"a left in {leaving_s:.1f} s; b in {stop_under_traffic(b, gw, expect=503):.1f} s")   # all down: 503
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = embed(gw)
+            assert r.status_code == 503, r.text
+            assert r.headers["Retry-After"] == "1" and time.monotonic() - t0 < 10
+            err = r.json()["error"]
+            assert err["type"] == "service_unavailable" and "retry later" in err["message"]
+            assert "Traceback" not in r.text
+        health = httpx.get(gw.url + "/health", timeout=30)
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        assert httpx.get(gw.url + "/metrics").status_code == 200            # the gateway itself is fine
+        b.start()                                              # one back, on the same ports: recovery
+        b.wait_ready()
+        print(f"recovered {wait_for_200(gw):.2f} s after the replica was ready")
+        assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
+        a.start()
+        a.wait_ready()
+        for i in range(4):
+            assert embed(gw, f"both back {i}").status_code == 200
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert 'rose_gateway_errors_total{endpoint="embeddings",status="503"}' in metrics
+
+
+def test_launcher_starts_and_stops_the_gateway():
+    assert start_gateway(0, "127.0.0.1", None, "127.0.0.1:1") is None        # GATEWAY=0
+    LOG_DIR.mkdir(exist_ok=True)
+    ports, gport = free_ports(), free_ports().grpc
+    log = open(LOG_DIR / "launcher-gateway.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(ports.grpc),
+                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),
+                             "--gateway-port", str(gport)], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{gport}"
+    try:
+        end = time.monotonic() + 300
+        while time.monotonic() < end:
+            assert proc.poll() is None, (LOG_DIR / "launcher-gateway.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        r = httpx.post(url + "/v1/embeddings", json={"input": "hello", "model": "all-MiniLM-L6-v2"}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health", timeout=5)                 # the gateway stopped with the server
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
