@@ -1,0 +1,165 @@
+"""What the HTTP gateway costs over calling Triton directly with rose_client (issue 18).
+
+    python benchmarks/gateway_bench.py                       # starts tritonserver + gateway itself
+    python benchmarks/gateway_bench.py --triton-urls 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080
+
+1. Latency, one 128-token text per request, one request at a time (direct and gateway alternated,
+   so drift hits both): p50 / p99 of direct gRPC (EmbeddingClient.embed, the `embed` ensemble) and of
+   the gateway (POST /v1/embeddings over a kept-alive HTTP connection, float JSON answer); the p50
+   difference is the gateway's overhead.
+2. Throughput, 64 concurrent clients with one text each, for --seconds: asyncio coroutines over
+   AsyncEmbeddingClient (direct) and over one httpx.AsyncClient (HTTP), req/s and p50 / p99.
+Prints a table and writes JSON (command, git commit, machine, date) to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "client", ROOT / "gateway"):
+    sys.path.insert(0, str(p))
+
+from rose_client import AsyncEmbeddingClient, EmbeddingClient  # noqa: E402
+
+
+def text_of_tokens(n: int) -> str:
+    """all-MiniLM's tokenizer: 'word' is one token, plus [CLS] and [SEP]."""
+    return " ".join(["word"] * (n - 2))
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def latency(urls: str, gw: str, text: str, n: int) -> dict:
+    direct, http = [], []
+    body = {"input": [text], "model": "embed", "encoding_format": "float"}
+    with EmbeddingClient(urls) as c, httpx.Client(base_url=gw, timeout=60) as h:
+        for _ in range(20):                                      # warm-up: graphs, connections
+            c.embed([text])
+            h.post("/v1/embeddings", json=body).raise_for_status()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.embed([text])
+            t1 = time.perf_counter()
+            r = h.post("/v1/embeddings", json=body)
+            t2 = time.perf_counter()
+            r.raise_for_status()
+            direct.append((t1 - t0) * 1e3)
+            http.append((t2 - t1) * 1e3)
+    return {"n": n, "direct_p50_ms": pct(direct, 50), "direct_p99_ms": pct(direct, 99),
+            "gateway_p50_ms": pct(http, 50), "gateway_p99_ms": pct(http, 99),
+            "overhead_p50_ms": pct(http, 50) - pct(direct, 50)}
+
+
+async def _closed_loop(call, clients: int, seconds: float) -> dict:
+    lat: list[float] = []
+    end = time.perf_counter() + seconds
+
+    async def one():
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            await call()
+            lat.append((time.perf_counter() - t0) * 1e3)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    return {"requests": len(lat), "req_s": len(lat) / wall, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
+
+
+async def throughput(urls: str, gw: str, text: str, clients: int, seconds: float) -> dict:
+    async with AsyncEmbeddingClient(urls) as c:
+        await asyncio.gather(*(c.embed([text]) for _ in range(clients)))        # warm-up
+        direct = await _closed_loop(lambda: c.embed([text]), clients, seconds)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    body = {"input": [text], "model": "embed", "encoding_format": "float"}
+    async with httpx.AsyncClient(base_url=gw, timeout=120, limits=limits) as h:
+        async def post():
+            (await h.post("/v1/embeddings", json=body)).raise_for_status()
+        await asyncio.gather(*(post() for _ in range(clients)))
+        http = await _closed_loop(post, clients, seconds)
+    return {"clients": clients, "seconds": seconds, "direct": direct, "gateway": http}
+
+
+@contextlib.contextmanager
+def own_servers(model: str | None, log_dir: Path):
+    from rose_backend.launcher import TritonProcess, free_ports
+    from rose_gateway.process import GatewayProcess
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with TritonProcess(model, ports=free_ports(), log_file=log_dir / "gateway_bench_triton.log") as srv, \
+            GatewayProcess(srv.grpc_url, free_ports().grpc, model_dir=model,
+                           log_file=log_dir / "gateway_bench_gateway.log") as gw:
+        yield srv.grpc_url, gw.url
+
+
+def machine() -> dict:
+    info = {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine()}
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+        if out.returncode == 0:
+            info["gpu"] = out.stdout.strip()
+    with contextlib.suppress(Exception):
+        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                            text=True, timeout=10).stdout.strip()
+    return info
+
+
+def table(res: dict) -> str:
+    lat, thr = res["latency"], res["throughput"]
+    lines = [f"one {res['tokens']}-token text, one request at a time (n={lat['n']}):",
+             "| path | p50 ms | p99 ms |", "| --- | ---: | ---: |",
+             f"| direct gRPC (rose_client) | {lat['direct_p50_ms']:.2f} | {lat['direct_p99_ms']:.2f} |",
+             f"| HTTP gateway | {lat['gateway_p50_ms']:.2f} | {lat['gateway_p99_ms']:.2f} |",
+             f"| gateway overhead (p50) | {lat['overhead_p50_ms']:.2f} | |", "",
+             f"{thr['clients']} concurrent clients, one text each, {thr['seconds']:g} s each:",
+             "| path | req/s | p50 ms | p99 ms |", "| --- | ---: | ---: | ---: |"]
+    for name, key in (("direct gRPC (AsyncEmbeddingClient)", "direct"), ("HTTP gateway (httpx)", "gateway")):
+        r = thr[key]
+        lines.append(f"| {name} | {r['req_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--triton-urls", help="measure running servers (else start tritonserver + gateway here)")
+    p.add_argument("--gateway-url", help="with --triton-urls: the gateway in front of them")
+    p.add_argument("--model", default=None, help="model folder when starting servers (default model: all-MiniLM)")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--n", type=int, default=300, help="requests per path for the latency table")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gateway_bench.json"))
+    args = p.parse_args()
+    text = text_of_tokens(args.tokens)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    ctx = (contextlib.nullcontext((args.triton_urls, args.gateway_url)) if args.triton_urls
+           else own_servers(args.model, ROOT / "tests" / ".logs"))
+    with ctx as (urls, gw):
+        res = {"tokens": args.tokens, "latency": latency(urls, gw, text, args.n)}
+        res["throughput"] = asyncio.run(throughput(urls, gw, text, args.clients, args.seconds))
+    res.update(command=" ".join([Path(sys.executable).name] + sys.argv), date=started, machine=machine())
+    print(table(res))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    print(f"\nsaved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
