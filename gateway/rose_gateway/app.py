@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -91,8 +91,8 @@ class Gateway:
                 raise too_large(None, f"the request body is over the limit of {limit} bytes")
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as e:
             raise bad_request("body", f"the request body is not valid JSON ({e})") from None
 
     def check_model(self, model: str | None) -> None:
