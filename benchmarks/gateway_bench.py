@@ -54,15 +54,23 @@ def latency(urls: str, gw: str, text: str, n: int) -> dict:
     host, port = gw.split("//", 1)[1].rsplit(":", 1)
     with EmbeddingClient(urls) as c, httpx.Client(base_url=gw, timeout=60) as h:
         conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        reconnects: list[int] = []
 
         def stdlib():
-            conn.request("POST", "/v1/embeddings", body, headers)
-            r = conn.getresponse()
-            r.read()
-            assert r.status == 200, r.status
+            for attempt in (0, 1):                 # the server may have closed an idle connection
+                try:
+                    conn.request("POST", "/v1/embeddings", body, headers)
+                    r = conn.getresponse()
+                    r.read()
+                    break
+                except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                    conn.close()
+                    reconnects.append(attempt)
+            if r.status != 200:
+                raise RuntimeError(f"the gateway answered {r.status}")
 
         paths = {"direct": lambda: c.embed([text]), "gateway": stdlib,
-                 "gateway_httpx": lambda: h.post("/v1/embeddings", content=body, headers=headers).raise_for_status()}
+                 "gateway_httpx": lambda: check(h.post("/v1/embeddings", content=body, headers=headers))}
         times: dict[str, list[float]] = {k: [] for k in paths}
         for i in range(20 + n):                                  # 20 warm-up rounds: graphs, connections
             for k, fn in paths.items():
@@ -71,12 +79,17 @@ def latency(urls: str, gw: str, text: str, n: int) -> dict:
                 if i >= 20:
                     times[k].append((time.perf_counter() - t0) * 1e3)
         conn.close()
-    out = {"n": n}
+    out = {"n": n, "stdlib_reconnects": len(reconnects)}
     for k, v in times.items():
         out[f"{k}_p50_ms"], out[f"{k}_p99_ms"] = pct(v, 50), pct(v, 99)
     out["overhead_p50_ms"] = out["gateway_p50_ms"] - out["direct_p50_ms"]
     out["overhead_httpx_p50_ms"] = out["gateway_httpx_p50_ms"] - out["direct_p50_ms"]
     return out
+
+
+def check(r: httpx.Response) -> None:
+    if r.status_code != 200:
+        raise RuntimeError(f"the gateway answered {r.status_code}: {r.text[:500]}")
 
 
 async def _closed_loop(call, clients: int, seconds: float) -> dict:
@@ -103,24 +116,34 @@ async def throughput(urls: str, gw: str, text: str, clients: int, seconds: float
     body = {"input": [text], "model": "embed", "encoding_format": "float"}
     async with httpx.AsyncClient(base_url=gw, timeout=120, limits=limits) as h:
         async def post():
-            (await h.post("/v1/embeddings", json=body)).raise_for_status()
+            check(await h.post("/v1/embeddings", json=body))
         await asyncio.gather(*(post() for _ in range(clients)))
         http = await _closed_loop(post, clients, seconds)
     return {"clients": clients, "seconds": seconds, "direct": direct, "gateway": http}
 
 
 @contextlib.contextmanager
-def own_servers(model: str | None, log_dir: Path):
-    from rose_backend.launcher import TritonProcess, free_ports
+def own_servers(model: str | None, log_dir: Path, params: list[str]):
+    """tritonserver (the project's repository, `params` such as rose.inline_execute=false applied to
+    a copy of it) and the gateway in front of it."""
+    import tempfile
+    from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
     from rose_gateway.process import GatewayProcess
     log_dir.mkdir(parents=True, exist_ok=True)
-    with TritonProcess(model, ports=free_ports(), log_file=log_dir / "gateway_bench_triton.log") as srv, \
-            GatewayProcess(srv.grpc_url, free_ports().grpc, model_dir=model,
-                           log_file=log_dir / "gateway_bench_gateway.log") as gw:
-        yield srv.grpc_url, gw.url
+    changes: dict[str, dict[str, str]] = {}
+    for p in params:
+        key, _, value = p.partition("=")
+        model_name, _, name = key.partition(".")
+        changes.setdefault(model_name, {})[name] = value
+    with tempfile.TemporaryDirectory(prefix="rose-gw-bench-") as tmp:
+        repo = repository_copy(DEFAULT_REPOSITORY, Path(tmp) / "model_repository", changes) if changes else DEFAULT_REPOSITORY
+        with TritonProcess(model, repo, ports=free_ports(), log_file=log_dir / "gateway_bench_triton.log") as srv, \
+                GatewayProcess(srv.grpc_url, free_ports().grpc, model_dir=model,
+                               log_file=log_dir / "gateway_bench_gateway.log") as gw:
+            yield srv.grpc_url, gw.url
 
 
-def machine() -> dict:
+def machine(commit: str | None) -> dict:
     info = {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count(),
             "processor": platform.processor() or platform.machine()}
     with contextlib.suppress(Exception):
@@ -128,15 +151,17 @@ def machine() -> dict:
                              text=True, timeout=20)
         if out.returncode == 0:
             info["gpu"] = out.stdout.strip()
+    info["git_commit"] = commit
     with contextlib.suppress(Exception):
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                            text=True, timeout=10).stdout.strip()
+        info["git_commit"] = commit or subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                                      text=True, timeout=10).stdout.strip()
     return info
 
 
 def table(res: dict) -> str:
     lat, thr = res["latency"], res["throughput"]
-    lines = [f"one {res['tokens']}-token text, one request at a time (n={lat['n']}):",
+    server = f" (server parameters: {', '.join(res['server_params'])})" if res.get("server_params") else ""
+    lines = [f"one {res['tokens']}-token text, one request at a time (n={lat['n']}){server}:",
              "| path | p50 ms | p99 ms |", "| --- | ---: | ---: |",
              f"| direct gRPC (rose_client) | {lat['direct_p50_ms']:.2f} | {lat['direct_p99_ms']:.2f} |",
              f"| HTTP gateway (http.client) | {lat['gateway_p50_ms']:.2f} | {lat['gateway_p99_ms']:.2f} |",
@@ -161,16 +186,19 @@ def main() -> None:
     p.add_argument("--n", type=int, default=300, help="requests per path for the latency table")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--param", action="append", default=[],
+                   help="MODEL.KEY=VALUE config.pbtxt parameter of the started server, e.g. rose.inline_execute=false")
+    p.add_argument("--git-commit", default=None, help="the commit measured, where the tree has no .git")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gateway_bench.json"))
     args = p.parse_args()
     text = text_of_tokens(args.tokens)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     ctx = (contextlib.nullcontext((args.triton_urls, args.gateway_url)) if args.triton_urls
-           else own_servers(args.model, ROOT / "tests" / ".logs"))
+           else own_servers(args.model, ROOT / "tests" / ".logs", args.param))
     with ctx as (urls, gw):
-        res = {"tokens": args.tokens, "latency": latency(urls, gw, text, args.n)}
+        res = {"tokens": args.tokens, "server_params": args.param, "latency": latency(urls, gw, text, args.n)}
         res["throughput"] = asyncio.run(throughput(urls, gw, text, args.clients, args.seconds))
-    res.update(command=" ".join([Path(sys.executable).name] + sys.argv), date=started, machine=machine())
+    res.update(command=" ".join([Path(sys.executable).name] + sys.argv), date=started, machine=machine(args.git_commit))
     print(table(res))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))

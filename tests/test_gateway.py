@@ -3,7 +3,6 @@ official `openai` package and with raw HTTP for what the SDK would refuse to sen
 from __future__ import annotations
 
 import base64
-import json
 
 import httpx
 import numpy as np

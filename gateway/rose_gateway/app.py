@@ -42,6 +42,7 @@ class Gateway:
         self.client: AsyncEmbeddingClient | None = None
         self.state: TritonState | None = None
         self.reranker: Reranker | None = None
+        self._settings_retry_at = 0.0
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app):
@@ -72,6 +73,8 @@ class Gateway:
                 response = await handler(request)
             except ApiError as e:
                 response = e.response()
+                if e.status >= 500 or e.code == "server_refused":
+                    log.warning("%s: %d %s", name, e.status, e.message)
             except Exception:
                 log.exception("%s failed", name)
                 response = ApiError(500, "internal error in the gateway (see its log)", code="internal_error").response()
@@ -106,16 +109,18 @@ class Gateway:
         self.check_model(req.model)
         check_dimensions(req.dimensions, self.model.normalizes)
         if req.texts is not None:
-            if not self.model.server_settings_known:
-                params = await self.state.tokenize_parameters()
-                if params is not None:
-                    self.model.use_server_settings(params)
+            await self._learn_server_settings()
+            self.model.check_task(req.task)
             counts_first = not req.truncate or len(req.texts) > COUNT_INLINE
             counts = await self._count(req) if counts_first else None
             call = asyncio.ensure_future(self.client.embed(req.texts, task=req.task))
             if counts is None:
                 await asyncio.sleep(0)               # let the call go out, then count while it runs
-                counts = self.model.count_texts(req.texts, req.task, True)
+                try:
+                    counts = self.model.count_texts(req.texts, req.task, True)
+                except BaseException:
+                    call.cancel()
+                    raise
         else:
             token_lists = self.model.cut_token_lists(req.token_lists, req.truncate)
             counts = [len(t) for t in token_lists]
@@ -130,6 +135,16 @@ class Gateway:
         self.metrics.tokens.inc(tokens)
         return Response(embedding_response(emb, req.encoding_format, self.name, tokens),
                         media_type="application/json")
+
+    async def _learn_server_settings(self) -> None:
+        """The deployment's `tokenize` settings, asked of Triton until one replica answers (at most
+        every 5 s, so a set of replicas that is down costs requests nothing)."""
+        if self.model.server_settings_known or time.monotonic() < self._settings_retry_at:
+            return
+        self._settings_retry_at = time.monotonic() + 5.0
+        params = await self.state.tokenize_parameters()
+        if params is not None:
+            self.model.use_server_settings(params)
 
     async def _count(self, req) -> list[int]:
         if len(req.texts) <= COUNT_INLINE:

@@ -40,13 +40,16 @@ class ModelInfo:
             self.max_text_bytes = int(params["max_text_bytes"]) or 1 << 62
         self.server_settings_known = True
 
-    def count_texts(self, texts: list[str], task: str | None, truncate: bool) -> list[int]:
-        """Tokens each text is embedded with. truncate=False: 400 for a text over max_seq_length."""
-        name = task or self.default_prompt_name or ""
+    def check_task(self, task: str | None) -> None:
+        """400 naming 'task' for a prompt name the deployment does not know (once its settings are known;
+        before that the server's own refusal answers)."""
         if task and self.server_settings_known and task not in self.prompts:
             known = ", ".join(repr(k) for k in sorted(self.prompts)) or "none"
             raise bad_request("task", f"unknown task / prompt name {task!r}; this model knows: {known}")
-        prompt = self.prompts.get(name, "")
+
+    def count_texts(self, texts: list[str], task: str | None, truncate: bool) -> list[int]:
+        """Tokens each text is embedded with. truncate=False: 400 for a text over max_seq_length."""
+        prompt = self.prompts.get(task or self.default_prompt_name or "", "")
         cut = [t if len(t) * 4 <= self.max_text_bytes else
                t.encode("utf-8")[: self.max_text_bytes].decode("utf-8", errors="ignore") for t in texts]
         counts = self.counter([prompt + t for t in cut] if prompt else cut)
