@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "tests"):
+for p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks", ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -21,7 +21,7 @@ from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
 from rose_backend.serving.service import (CANCELLED, SHUTTING_DOWN, EmbeddingService, Overloaded,
                                           ShuttingDown, is_out_of_memory, wait_until)
 from rose_client import ConnectionLost, ServerError, StreamConnection
-from rose_client.bench.folders import cos_dist
+from rose_backend.testing.compare import cos_dist
 
 HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[CLS] hello [SEP]"
 

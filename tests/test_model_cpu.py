@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
-from rose_client.bench.folders import cos_dist
+from rose_backend.testing.compare import cos_dist
 
 
 def write_random_encoder(tmp_path, model_type, pooling, normalize, layers=2, hidden=64, heads=4, seed=0):

@@ -17,8 +17,8 @@ from rose_backend.engine.engine import Engine
 from rose_backend.layers.attention import AttentionMetadata
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.models import build_model
-from rose_client.bench.folders import cos_dist
-from tests.qwen3_folders import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.qwen3 import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
 
 TOL = 1e-4
 LENGTHS = (7, 1, 33, 12, 2)                 # ragged, with a length-1 sequence among them

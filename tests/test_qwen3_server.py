@@ -4,8 +4,8 @@ and token ids through `rose`, against transformers' Qwen3Model on the same weigh
 import numpy as np
 import pytest
 
-from rose_client.bench.folders import cos_dist
-from tests.qwen3_folders import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.qwen3 import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
 
 pytestmark = pytest.mark.server
 

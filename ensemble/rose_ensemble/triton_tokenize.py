@@ -12,8 +12,8 @@ from __future__ import annotations
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
-from rose_backend.triton_interop import check_numpy_interop
-from rose_backend.triton_params import ModelParameters
+from rose_backend.serving.triton_interop import check_numpy_interop
+from rose_backend.serving.triton_params import ModelParameters
 from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
 
 

@@ -1,6 +1,6 @@
 """LayerNorm / RMSNorm with the residual add folded in: norm(x + residual).
 
-On CUDA, AddLayerNorm runs one Triton kernel (layers/triton_kernels.py): the add, the statistics
+On CUDA, AddLayerNorm runs one Triton kernel (layers/fused_kernels.py): the add, the statistics
 in float32 and the affine in one pass. On the CPU it is torch's own add + layer_norm.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from torch import nn
 
 
 def _triton():
-    from rose_backend.layers import triton_kernels
-    return triton_kernels
+    from rose_backend.layers import fused_kernels
+    return fused_kernels
 
 
 class AddLayerNorm(nn.LayerNorm):

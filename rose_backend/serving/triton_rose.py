@@ -36,8 +36,8 @@ from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService, Unavailable
 from rose_backend.serving.validation import RequestLimits, validate_tokens
-from rose_backend.triton_interop import check_numpy_interop
-from rose_backend.triton_params import ModelParameters
+from rose_backend.serving.triton_interop import check_numpy_interop
+from rose_backend.serving.triton_params import ModelParameters
 
 log = logging.getLogger("rose")
 

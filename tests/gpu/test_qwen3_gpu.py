@@ -14,7 +14,7 @@ import torch
 
 from rose_backend.layers.attention import available_backends
 from rose_backend.models import qwen3
-from tests.qwen3_folders import PackedForward, qwen3_model_config, random_qwen3
+from rose_backend.testing.qwen3 import PackedForward, qwen3_model_config, random_qwen3
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -80,7 +80,7 @@ def test_engine_graph_path_serves_qwen3(tmp_path, style):
     Qwen3 folder with the 0.6B head layout (GQA 2:1, head_dim 128) matches the CPU engine."""
     from rose_backend.config import ModelConfig
     from rose_backend.engine.engine import Engine
-    from tests.qwen3_folders import write_qwen3_folder
+    from rose_backend.testing.qwen3 import write_qwen3_folder
 
     folder = write_qwen3_folder(tmp_path / style, style=style, num_layers=2, num_heads=4, num_kv_heads=2,
                                 head_dim=128, hidden_size=256, intermediate_size=512)

@@ -1,7 +1,7 @@
 """One PNG per workload from a bench JSON: this project, the naive Triton baseline, the published
 vLLM and Tulip numbers and the goal.
 
-    python -m rose_client.bench.charts benchmarks/results/bench_bge-m3.json [--out DIR]
+    python -m rose_bench charts benchmarks/results/bench_bge-m3.json [--out DIR]
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def charts(result: dict, out_dir: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rose_client.bench.charts")
+    p = argparse.ArgumentParser(prog="python -m rose_bench charts")
     p.add_argument("json", nargs="+")
     p.add_argument("--out", default=None, help="folder for the PNGs (default: beside each JSON)")
     args = p.parse_args(argv)

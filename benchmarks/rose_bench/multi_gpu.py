@@ -1,9 +1,9 @@
 """Several GPUs: one server per GPU, one server over all GPUs, and the one-GPU reference.
 
-    python -m rose_client.bench.multi_gpu --model bge-m3 --gpus 0,1 --out benchmarks/results
+    python -m rose_bench multi-gpu --model bge-m3 --gpus 0,1 --out benchmarks/results
 
 Layouts, each started in turn with this project's model repository on one random-weight model
-folder (the shapes of rose_client.bench):
+folder (the shapes of rose_backend.testing.folders):
 - one-gpu: one tritonserver that sees only the first GPU (the reference);
 - one-server: one tritonserver that sees every GPU: `rose` has one instance per GPU
   (instance_group without a kind) and Triton spreads requests over them;
@@ -33,12 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_client.bench import folders, workloads
-from rose_client.bench.__main__ import MODES, comma_list, counts_json, git_commit, host_info, log, save_json
+from rose_backend.testing import folders
+from rose_backend.testing.compare import cos_dist
+from rose_bench import workloads
+from rose_bench.e2e import MODES
+from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, save_json
 
 
 def _counts(mode: str, **override) -> dict:
-    """The throughput and concurrency counts of rose_client.bench's `mode`, with overrides."""
+    """The throughput and concurrency counts of the end-to-end bench's `mode` (rose_bench.e2e), with overrides."""
     m = MODES[mode]
     return {"throughput": m["throughput"], "tput_batch": m["tput_batch"], "tput_batches": m["tput_batches"],
             "conc_len": m["conc_len"], "conc_total": m["conc_total"], "warmup": m["tput_warmup"], **override}
@@ -96,7 +99,7 @@ class MultiGpuBench:
         self.vocab = config["vocab_size"]
         self.result = {
             "schema": "rose-multi-gpu/1", "model": self.model, "gpus": self.gpus,
-            "command": "python -m rose_client.bench.multi_gpu " + " ".join(sys.argv[1:]),
+            "command": "python -m rose_bench multi-gpu " + " ".join(sys.argv[1:]),
             "git": git_commit(self.args.git_commit),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "host": host_info(device), "counts": counts_json(self.m),
@@ -165,7 +168,7 @@ class MultiGpuBench:
         with EmbeddingClient(urls, token_budget=64) as c:       # one chunk per sequence, spread out
             outs.append(c.embed_tokens(self.check_ids))
             res["check_spread"] = {u: v["chunks"] for u, v in c.stats().items()}
-        worst = max(float(folders.cos_dist(o, outs[0]).max()) for o in outs)
+        worst = max(float(cos_dist(o, outs[0]).max()) for o in outs)
         res["check_max_cos_dist"] = worst
         if not worst <= 1e-3:
             raise RuntimeError(f"servers disagree: max 1-cos {worst:.2e}")
@@ -252,12 +255,12 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--merge"]:
         if len(argv) < 4:
-            raise SystemExit("usage: python -m rose_client.bench.multi_gpu --merge OUT.json RUN.json RUN.json ...")
+            raise SystemExit("usage: python -m rose_bench multi-gpu --merge OUT.json RUN.json RUN.json ...")
         result = merge_runs([Path(x) for x in argv[2:]])
         Path(argv[1]).write_text(json.dumps(result, indent=1))
         print(summary(result))
         return 0
-    p = argparse.ArgumentParser(prog="python -m rose_client.bench.multi_gpu", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m rose_bench multi-gpu", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ints = lambda s: [int(x) for x in s.split(",") if x.strip()]  # noqa: E731
     p.add_argument("--model", default="bge-m3")

@@ -1,4 +1,5 @@
-"""Small Triton kernels where no maintained kernel exists (flashinfer has LayerNorm, but none with
+"""Small fused GPU kernels, written in OpenAI's triton language (elsewhere in this repository
+"Triton" means the inference server), where no maintained kernel exists (flashinfer has LayerNorm, but none with
 the residual add or the embedding gathers folded in). Imported only on CUDA.
 
     add_layernorm(x, residual, w, b, eps)            y = LN(x + residual)          [T, H]

@@ -6,13 +6,14 @@
   kernels      per layer and per forward, counted from a torch.profiler trace of one eager forward
   memory       weights, then weights + every graph for token buckets up to 8192 (seq buckets 1/4/16/64)
 
-    PYTHONPATH=. python3 benchmarks/engine_bench.py --out benchmarks/results/engine_bench.json
+    python -m rose_bench engine --out benchmarks/results/engine_bench.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,7 +26,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.graph_cache import token_buckets
 from rose_backend.layers import activation, norm
-from tests.gpu.models import make_bge_m3_folder
+from rose_backend.testing.bge import make_bge_m3_folder
 
 REF: list = []                 # an unpadded eager engine, for a correctness check per configuration
 CONFIGS = [(1, 128), (1, 512), (1, 4096), (5, 512), (25, 512), (100, 512)]
@@ -107,14 +108,14 @@ def count_kernels(eng, s, n):
             "per_forward_names": Counter(k[:60] for k in total).most_common(20)}
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/engine_bench.json")
     ap.add_argument("--model-dir", default="/tmp/rose-gpu/bge-m3-random")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--check", action="store_true", help="compare each configuration with unpadded eager")
     ap.add_argument("--unfused", action="store_true", help="also time the unfused add/LN/GELU variant")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
     cfg = ModelConfig.from_folder(make_bge_m3_folder(args.model_dir))
@@ -169,7 +170,8 @@ def main():
         print(res["memory"], flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

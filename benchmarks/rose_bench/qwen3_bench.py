@@ -7,7 +7,7 @@ and as a CUDA-graph replay (CUDA events around back-to-back runs; the attention 
 before, as it runs on the host beside the previous batch in the server).
 Results go to <out>/qwen3_bench_<kernels>.json after every measurement, so a run cut short keeps what it did.
 
-    source .gpu/enter.sh && PYTHONPATH=. python3 benchmarks/qwen3_bench.py --out benchmarks/results
+    source .gpu/enter.sh && python -m rose_bench qwen3 --out benchmarks/results
 """
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rose_backend.layers.attention import AttentionShape, available_backends  # noqa: E402
-from rose_backend.models import qwen3  # noqa: E402
-from tests.qwen3_folders import PackedForward, qwen3_model_config, random_qwen3  # noqa: E402
+from rose_backend.layers.attention import AttentionShape, available_backends
+from rose_backend.models import qwen3
+from rose_backend.testing.qwen3 import PackedForward, qwen3_model_config, random_qwen3
 
 SHAPES = [(1, 128), (1, 512), (100, 512)]
 
@@ -45,13 +44,13 @@ def time_ms(fn, budget_s: float = 0.4, max_iters: int = 50) -> float:
     return start.elapsed_time(end) / iters
 
 
-def main() -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--kernels", default="torch,flashinfer", help="comma list of: torch, flashinfer")
     ap.add_argument("--attention", default=None, help="attention backend (default: flashinfer, else torch_varlen)")
     ap.add_argument("--causal", action="store_true", help="Qwen3-Embedding mode (causal, last token)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -95,7 +94,8 @@ def main() -> None:
             (out_dir / f"qwen3_bench_{args.kernels.replace(',', '+')}.json").write_text(json.dumps(report, indent=2))
             del run
             torch.cuda.empty_cache()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

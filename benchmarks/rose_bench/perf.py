@@ -1,6 +1,6 @@
 """perf_analyzer for the online workload: input-data JSON files of token ids, the runs, their CSV.
 
-    python -m rose_client.bench.perf --vocab 250002 --lengths 128,512,4096 --out benchmarks/perf_analyzer
+    python -m rose_bench perf-inputs --vocab 250002 --lengths 128,512,4096 --out benchmarks/perf_analyzer
     perf_analyzer -m rose -i grpc --streaming -u 127.0.0.1:8001 \\
         --input-data benchmarks/perf_analyzer/online_4096.json --percentile=99
 
@@ -25,7 +25,7 @@ import numpy as np
 
 
 def write_input_data(path: str | Path, vocab: int, length: int, variants: int = 16, seed: int = 0) -> Path:
-    from rose_client.bench.folders import random_ids
+    from rose_backend.testing.folders import random_ids
     rng = np.random.default_rng(seed + length)
     data = [{"INPUT_IDS": {"content": random_ids(rng, vocab, length).tolist(), "shape": [length]},
              "SEQ_LENS": {"content": [length], "shape": [1]}} for _ in range(variants)]
@@ -84,7 +84,7 @@ def run_perf_analyzer(url: str, model: str, input_file: Path, csv_file: Path, in
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rose_client.bench.perf", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m rose_bench perf-inputs", description=__doc__.split("\n\n")[0])
     p.add_argument("--vocab", type=int, required=True, help="vocabulary size of the served model")
     p.add_argument("--lengths", default="128,512,4096")
     p.add_argument("--variants", type=int, default=16)

@@ -1,7 +1,7 @@
 """End-to-end benchmark: this project's Triton deployment against a naive Triton deployment.
 
-    python -m rose_client.bench --model bge-m3 --quick --out benchmarks/results
-    python -m rose_client.bench --model pplx-embed            # full mode: more requests per cell
+    python -m rose_bench e2e --model bge-m3 --quick --out benchmarks/results
+    python -m rose_bench e2e --model pplx-embed            # full mode: more requests per cell
 
 For one model shape it writes a random-weight Hugging Face folder (config.json, bf16 safetensors,
 a WordLevel tokenizer.json; weights made on the GPU), computes the float32 Hugging Face reference
@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -30,7 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_client.bench import folders, published, workloads
+from rose_backend.testing import folders
+from rose_backend.testing.compare import cos_dist
+from rose_bench import published, workloads
+from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, repo_root, save_json, tail
 
 GATE_MAX_COS_DIST = 1e-3
 
@@ -62,69 +62,6 @@ TEXT_MODEL = {"rose": "embed", "naive": "naive"}
 # so on such a machine the naive system is measured on token ids only.
 NAIVE_TEXT_SKIPPED = "skipped: Triton 2.51's Python backend cannot read BYTES inputs under numpy 2"
 
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def comma_list(value: str) -> list[str]:
-    """"a, b,,c" -> ["a", "b", "c"]."""
-    return [x.strip() for x in value.split(",") if x.strip()]
-
-
-def counts_json(counts: dict) -> dict:
-    """A mode's request counts as JSON (dict keys as strings)."""
-    return {k: ({str(a): b for a, b in v.items()} if isinstance(v, dict) else v) for k, v in counts.items()}
-
-
-def save_json(path: Path, result: dict, t_start: float) -> None:
-    """Write `result` (with elapsed_s since t_start) to `path` atomically: a run cut short keeps
-    its last complete file."""
-    result["elapsed_s"] = round(time.monotonic() - t_start, 1)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
-
-
-def repo_root() -> Path:
-    from rose_backend.launcher import REPO_ROOT
-    return REPO_ROOT
-
-
-def host_info(device: str) -> dict:
-    info = {"hostname": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "device": device, "gpu": None}
-    try:
-        import torch
-        import transformers
-        info.update(torch=torch.__version__, transformers=transformers.__version__)
-        if device.startswith("cuda"):
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except Exception:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-        if out.returncode == 0:
-            info["nvidia_smi"] = out.stdout.strip()
-    except Exception:
-        pass
-    return info
-
-
-def git_commit(explicit: str | None) -> dict:
-    if explicit:
-        return {"commit": explicit, "source": "--git-commit"}
-    try:
-        root = repo_root()
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return {"commit": commit or None, "dirty": bool(dirty), "source": "git"}
-    except Exception:
-        return {"commit": os.environ.get("ROSE_GIT_COMMIT"), "source": "env"}
 
 
 class Bench:
@@ -161,7 +98,7 @@ class Bench:
             "schema": "rose-bench/1", "model": self.model,
             "model_title": published.MODEL_TITLES.get(self.model, self.model),
             "mode": self.mode, "counts": counts_json(self.m),
-            "command": "python -m rose_client.bench " + " ".join(sys.argv[1:]),
+            "command": "python -m rose_bench e2e " + " ".join(sys.argv[1:]),
             "git": git_commit(self.args.git_commit),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "host": host_info(device),
@@ -212,7 +149,7 @@ class Bench:
 
         if not self.args.no_charts:
             try:
-                from rose_client.bench.charts import charts
+                from rose_bench.charts import charts
                 self.result["charts"] = [p.name for p in charts(self.result, self.out)]
             except Exception as e:
                 log(f"charts failed: {e}")
@@ -253,7 +190,7 @@ class Bench:
             try:
                 srv.wait_ready(timeout=self.args.ready_timeout, models=SYSTEM_MODELS[system])
             except Exception:
-                print(_tail(log_file), flush=True)
+                print(tail(log_file), flush=True)
                 raise
             res["startup"] = {"ready_s": round(time.monotonic() - t0, 2)}
             log(f"{system}: ready in {res['startup']['ready_s']} s on {srv.grpc_url}")
@@ -265,7 +202,7 @@ class Bench:
             res["server_exit_code"] = code
             shutil.copy(log_file, self.work / f"triton-{system}.last.log") if log_file.exists() else None
             if res.get("error") or not (res.get("gate") or {}).get("passed", True):
-                print(_tail(log_file, 40), flush=True)
+                print(tail(log_file, 40), flush=True)
 
     def gate(self, system: str, url: str, res: dict, t_launch: float) -> None:
         from rose_client.transport import StreamConnection
@@ -286,9 +223,9 @@ class Bench:
                 conn.infer(self.text_model(system), [("TEXT", texts)]).result(600)["EMBEDDINGS"]
         finally:
             conn.close()
-        d_together = folders.cos_dist(together, self.ref)
-        d_alone = folders.cos_dist(alone, self.ref)
-        d_text = np.zeros(0) if text_out is None else folders.cos_dist(text_out, self.ref_text)
+        d_together = cos_dist(together, self.ref)
+        d_alone = cos_dist(alone, self.ref)
+        d_text = np.zeros(0) if text_out is None else cos_dist(text_out, self.ref_text)
         if text_out is None:
             res["text_skipped"] = NAIVE_TEXT_SKIPPED
         worst = float(max(d_together.max(), d_alone.max(), d_text.max(initial=0.0)))
@@ -348,7 +285,7 @@ class Bench:
             log(f"{system}: {workload} {x}: {shown} ({time.monotonic() - t:.1f} s)")
             self.save()
         if not self.args.no_perf_analyzer and "online" in chosen:
-            from rose_client.bench.perf import run_perf_analyzer, write_input_data
+            from rose_bench.perf import run_perf_analyzer, write_input_data
             pa = res.setdefault("perf_analyzer", {"online": {}})
             for n in m["online"]:
                 if self.time_left(deadline) < 0:
@@ -360,14 +297,6 @@ class Bench:
                 log(f"{system}: perf_analyzer online {n}: "
                     + (f"p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms" if "p50_ms" in r else r.get("error", "")[-300:]))
                 self.save()
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return f"--- last {n} lines of {path} ---\n" + "\n".join(lines[-n:])
 
 
 def summary(result: dict) -> str:
@@ -401,7 +330,7 @@ def summary(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rose_client.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m rose_bench e2e", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--model", default="bge-m3", help="bge-m3 | pplx-embed | tiny-bert | tiny-qwen3")
     p.add_argument("--mode", choices=sorted(MODES), default="full")

@@ -10,7 +10,7 @@ vocabulary (text "w123 w456" is ids [123, 456], one word one token, no special t
 tokenizer_config.json, and the sentence-transformers files that say pooling and normalization.
 Weights are initialised on `device` (nothing large travels), so a 0.6B folder takes seconds.
 
-torch and transformers are imported inside the functions: the rest of the client needs neither.
+torch and transformers are imported inside the functions.
 """
 from __future__ import annotations
 
@@ -206,8 +206,3 @@ class Reference:
         del self.model
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
-
-
-def cos_dist(a, b) -> np.ndarray:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return 1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)

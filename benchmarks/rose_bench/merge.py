@@ -1,6 +1,6 @@
 """Merge the systems of several bench JSON files of one model into one file (and redraw its charts).
 
-    python benchmarks/merge_bench_runs.py OUT.json RUN_A.json RUN_B.json ...
+    python -m rose_bench merge OUT.json RUN_A.json RUN_B.json ...
 
 A later file's system replaces an earlier one's where the earlier one failed or is missing (used when
 one device call measured `rose` and a later call, with a fix, measured `naive`). Where both passed,
@@ -47,7 +47,8 @@ def merge(paths: list[Path]) -> dict:
     return out
 
 
-def main(argv: list[str]) -> int:
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 3:
         print(__doc__)
         return 2
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     out.write_text(json.dumps(result, indent=1))
     try:
-        from rose_client.bench import charts
+        from rose_bench import charts
         result["charts"] = [p.name for p in charts.charts(result, out.parent)]
         out.write_text(json.dumps(result, indent=1))
     except ImportError as e:  # matplotlib missing: the JSON is still written
@@ -65,4 +66,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

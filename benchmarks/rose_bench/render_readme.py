@@ -1,9 +1,9 @@
 """Regenerate README.md's Performance section from the committed benchmark JSON.
 
-    python benchmarks/render_readme.py            # rewrites the lines between the markers
-    python benchmarks/render_readme.py --print    # prints the section instead
+    python -m rose_bench render-readme            # rewrites the lines between the markers
+    python -m rose_bench render-readme --print    # prints the section instead
 
-Reads benchmarks/results/bench_<model>.json (written by `python -m rose_client.bench`), renders one
+Reads benchmarks/results/bench_<model>.json (written by `python -m rose_bench e2e`), renders one
 table per model (this project, the naive Triton baseline, the published vLLM / Tulip numbers, the
 goal, and whether the goal is met) and links the charts beside the JSON. Only the text between
 `<!-- performance:begin -->` and `<!-- performance:end -->` changes.
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 MODEL_ORDER = ("bge-m3", "pplx-embed")
@@ -32,7 +32,7 @@ def _lat(c):
 
 
 def _sent_ids(cell) -> bool:
-    """A concurrency cell whose clients sent token ids instead of texts (see rose_client.bench)."""
+    """A concurrency cell whose clients sent token ids instead of texts (see rose_bench.e2e)."""
     return bool(cell) and str(cell.get("input", "")).startswith("token ids")
 
 
@@ -110,7 +110,7 @@ def describe(result: dict) -> str:
                         if v.get("text_skipped") else ""))
     if len(result.get("runs") or []) > 1:
         gates.append(f"systems measured in {len(result['runs'])} device calls, merged with "
-                     "benchmarks/merge_bench_runs.py; raw files in benchmarks/results/h200-raw")
+                     "`python -m rose_bench merge`; raw files in benchmarks/results/h200-raw")
     commits = list(dict.fromkeys((r.get("git") or {}).get("commit") or "?" for r in result.get("runs") or [result]))
     return (f"{host.get('gpu') or 'CPU'}, {result.get('mode')} mode, {result.get('date', '')[:10]}, "
             f"commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c[:10]}`' for c in commits)}, torch {host.get('torch', '?')}, transformers {host.get('transformers', '?')}. "
@@ -131,8 +131,8 @@ def section(results_dir: Path = RESULTS, link_prefix: str = "benchmarks/results/
            "ms as p50 (p99); throughput in embeddings/s. Before timing, each server passes a gate "
            "(stated per model below): embeddings within 1 - cos <= 1e-3 of a float32 Hugging Face reference "
            "of the same weights.", "",
-           "Reproduce: `python -m rose_client.bench --model bge-m3 --quick` (and `--model pplx-embed`), then "
-           "`python benchmarks/render_readme.py`. Analysis: [benchmarks/RESULTS.md](benchmarks/RESULTS.md).", ""]
+           "Reproduce: `python -m rose_bench e2e --model bge-m3 --quick` (and `--model pplx-embed`), then "
+           "`python -m rose_bench render-readme`. Analysis: [benchmarks/RESULTS.md](benchmarks/RESULTS.md).", ""]
     if not order:
         out.append("_No committed results yet._")
     for m in order:

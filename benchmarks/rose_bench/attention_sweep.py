@@ -6,12 +6,13 @@ graph configuration (S + 1 entries, the last a dummy holding padding); each back
 graph mode, 10 layer-calls are captured in one CUDA graph, and the replay is timed with events
 (median of 5). Margin = second-best time / best time.
 
-    PYTHONPATH=. python3 benchmarks/attention_sweep.py [--out benchmarks/results/attention_sweep.json]
+    python -m rose_bench attention-sweep [--out benchmarks/results/attention_sweep.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -71,12 +72,12 @@ def time_backend(be, shape, cu_np, t, reps=10):
     return float(np.median(times))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/attention_sweep.json")
     ap.add_argument("--table", default=str(TABLE_PATH))
     ap.add_argument("--shapes", default="", help="comma list of SHAPES names (default: all)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     table = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "torch": torch.__version__,
              "date": time.strftime("%Y-%m-%d"), "shapes": {}, "names": {}, "errors": {}}
@@ -119,7 +120,8 @@ def main():
             Path(p).parent.mkdir(parents=True, exist_ok=True)
             Path(p).write_text(json.dumps(table, indent=1))
     print("errors:", json.dumps(table["errors"], indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,13 +10,6 @@ import numpy as np
 import torch
 
 
-def cos_gap(a: np.ndarray, b: np.ndarray) -> float:
-    """The worst (largest) 1 - cos over matching rows of a and b."""
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return float(1 - (a * b).sum(1).min())
-
-
 BGE_M3 = dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
               intermediate_size=4096, max_position_embeddings=8194, type_vocab_size=1,
               layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
