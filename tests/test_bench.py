@@ -27,8 +27,9 @@ def test_naive_baseline_matches_the_float32_reference(tmp_path, shape):
     """Padded batches (bidirectional mask for the decoder), ids and texts, against the reference."""
     from rose_backend.testing import folders
     from rose_backend.testing.compare import cos_dist
+    from rose_backend.testing.reference import Reference
     folder = folders.make_folder(shape, tmp_path / shape)
-    ref = folders.Reference(folder)
+    ref = Reference(folder)
     naive = _naive_module().NaiveEmbedder(folder)
     rng = np.random.default_rng(3)
     seqs = [folders.random_ids(rng, 1000, n) for n in (7, 64, 1, 33)]

@@ -4,7 +4,6 @@ killed midway)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import rose_client.client as client_mod
 from rose_client import AllReplicasDown, AsyncEmbeddingClient, ConnectionLost, EmbeddingClient, ServerError
 from rose_backend.testing.compare import cos_dist
 from rose_client.chunking import chunk_ranges, estimate_text_tokens
+from server import running_servers
 
 D = 8
 
@@ -244,36 +244,10 @@ def test_many_threads_share_one_client_and_the_inflight_cap(fake):
 
 
 # ------------------------------------------------------------------------------------ real servers
-@contextlib.contextmanager
-def replicas(n: int, name: str, env: dict | None = None, params: dict | None = None):
-    """n real tritonservers started side by side (each ~5 s and ~1 GB on this machine)."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess
-    from server import LOG_DIR, free_ports, repository_with
-
-    LOG_DIR.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rose-repo-") as tmp:
-        repo = repository_with(params, Path(tmp)) if params else DEFAULT_REPOSITORY
-        servers = [TritonProcess(None, repo, free_ports(), log_file=LOG_DIR / f"{name}-{i}.log",
-                                 env={**os.environ, **(env or {})}) for i in range(n)]
-        try:
-            for s in servers:
-                s.start()
-            for s in servers:
-                s.wait_ready(300)
-            yield servers
-        finally:
-            for s in servers:
-                s.stop()
-
-
 @pytest.fixture(scope="module")
 def three():
     prompts = {"tokenize": {"prompts": '{\\"query\\": \\"query: \\"}'}}
-    with replicas(3, "client-replica", params=prompts) as servers:
+    with running_servers(3, params=prompts, name="client-replica") as servers:
         yield servers
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from rose_backend.testing import folders
 from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.reference import Reference
 from rose_bench import published, workloads
 from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, repo_root, save_json, tail
 
@@ -123,7 +124,7 @@ class Bench:
         limit = folders.max_seq_len(config)
         self.gate_seqs = [folders.random_ids(rng, self.vocab, min(n, limit)) for n in self.m["gate_lengths"]]
         self.gate_texts = [folders.random_ids(rng, self.vocab, n) for n in (self.m["conc_len"], 9)]
-        ref = folders.Reference(folder, device=device)
+        ref = Reference(folder, device=device)
         self.ref = ref.embed(self.gate_seqs)
         self.ref_text = ref.embed(self.gate_texts)
         ref.close()

@@ -26,7 +26,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.graph_cache import token_buckets
 from rose_backend.layers import activation, norm
-from rose_backend.testing.bge import make_bge_m3_folder
+from rose_backend.testing.folders import make_folder
 
 REF: list = []                 # an unpadded eager engine, for a correctness check per configuration
 CONFIGS = [(1, 128), (1, 512), (1, 4096), (5, 512), (25, 512), (100, 512)]
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
-    cfg = ModelConfig.from_folder(make_bge_m3_folder(args.model_dir))
+    cfg = ModelConfig.from_folder(make_folder("bge-m3", args.model_dir, device="cuda"))
     free0 = torch.cuda.mem_get_info()[0]
     t0 = time.perf_counter()
     eng = Engine(cfg, "cuda", max_tokens=65536, max_seqs=128)

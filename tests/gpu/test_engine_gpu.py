@@ -14,7 +14,8 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, available_backends,
                                            make_backend)
-from rose_backend.testing.bge import HFReference, make_bge_m3_folder
+from rose_backend.testing.folders import make_folder
+from rose_backend.testing.reference import Reference
 from rose_backend.testing.compare import cos_dist
 
 N_BATCHES = int(os.environ.get("ROSE_GPU_BATCHES", "1000"))
@@ -98,11 +99,11 @@ def _check_model(cfg, max_len, n_batches, n_hf, seed, report):
             inflight = []
     st = graph.stats
     assert st.graph_replays > 0 and st.graph_captures > 0 and st.eager_runs > 0
-    hf = HFReference(cfg)
+    hf = Reference(cfg.model_dir, device="cuda")
     worst_hf_e, worst_hf_g = 0.0, 0.0
     for ids, lens in _compositions(rng, n_hf, max_len, max_seqs=8, max_tokens=4096, vocab=cfg.vocab_size):
         seqs = np.split(ids, np.cumsum(lens)[:-1])
-        ref = hf.embed(seqs).numpy()                 # float32, one unpadded sequence at a time
+        ref = hf.embed(seqs)                         # float32, one unpadded sequence at a time
         b = PackedBatch(ids, lens)
         for _ in range(3):                           # eager, capture, replay: compare the replay
             g = graph.step(b).synchronize()
@@ -127,5 +128,5 @@ def test_default_model_real_weights():
 def test_bge_m3_shape_random(gpu_tmp):
     if os.environ.get("ROSE_GPU_SKIP_BGE"):
         pytest.skip("BGE-M3 run not asked for")
-    cfg = ModelConfig.from_folder(make_bge_m3_folder(gpu_tmp / "bge-m3-random"))
+    cfg = ModelConfig.from_folder(make_folder("bge-m3", gpu_tmp / "bge-m3-random", device="cuda"))
     _check_model(cfg, 4096, N_BATCHES, N_HF, 2, {"model": "BGE-M3 shape (random)"})
