@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
+from rose_backend.serving.settings import parse_prompts
+from rose_ensemble.tokenization import InputError, TextTokenizer
 
 TEXTS = ["hello", "The quick brown fox " * 100, "naïve café 日本語", "🙂🙃 emoji only", "  spaced   out  "]
 

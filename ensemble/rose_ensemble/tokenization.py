@@ -101,16 +101,3 @@ class TextTokenizer:
     def count_tokens(self, texts: list[str], prompt_name: str | None = None) -> list[int]:
         """Token counts after prompt and truncation, without building the flat array."""
         return [int(n) for n in self.encode(texts, prompt_name)[1]]
-
-
-def parse_prompts(value: str) -> dict[str, str]:
-    """Deployment prompts from a config.pbtxt parameter: a JSON object {name: prefix}."""
-    if not value.strip():
-        return {}
-    try:
-        prompts = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"parameter 'prompts' must be a JSON object of name -> prefix: {e}") from e
-    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise ValueError("parameter 'prompts' must be a JSON object mapping prompt names to prefix strings")
-    return prompts

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
+from rose_backend.serving.settings import RoseSettings
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,10 @@ class HostMemoryTrimmer:
 
 
 class EmbeddingService:
-    def __init__(self, engine, on_complete: Callable[[Request], None], *, max_batch_tokens: int = 8192,
-                 max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 0):
+    def __init__(self, engine, on_complete: Callable[[Request], None], *,
+                 max_batch_tokens: int = RoseSettings.max_batch_tokens, max_batch_seqs: int = RoseSettings.max_batch_seqs,
+                 max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens):
+        """Limits as the `rose` parameters of the same names (defaults: RoseSettings's)."""
         self.engine = engine
         self.on_complete = on_complete
         self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs)
