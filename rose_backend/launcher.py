@@ -309,8 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         from rose_backend.config import resolve_model_dir
         print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
               f"{time.monotonic() - t0:.1f} s. Models: embed (text), tokenize, rose (token ids).\n"
-              f"  python -c \"from rose_client import EmbeddingClient; "
-              f"print(EmbeddingClient('{urls}').embed(['hello world']).shape)\"\n"
+              f"  {client_command(urls)}\n"
               f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n",
               flush=True)
         while not stopping and all(s.proc.poll() is None for s in servers):
@@ -326,6 +325,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         stop_all(servers)
+
+
+def client_command(urls: str) -> str:
+    """A shell command that embeds one text through these servers: this interpreter (the virtual
+    environment `make serve` made, which has rose_client) with its full path, so that it works
+    from any shell; where rose_client is not installed here, how to install it first."""
+    import importlib.util
+    import shlex
+
+    code = f'from rose_client import EmbeddingClient; print(EmbeddingClient("{urls}").embed(["hello world"]).shape)'
+    cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    if importlib.util.find_spec("rose_client") is None:
+        return f"pip install {shlex.quote(str(REPO_ROOT / 'client'))}  &&  python -c {shlex.quote(code)}"
+    return cmd
 
 
 if __name__ == "__main__":

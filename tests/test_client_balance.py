@@ -1,9 +1,9 @@
-"""Balance on real servers: the skewed workload of the seed's chapter 8 (two requests of 100 x 512
+"""Balance on real servers: the skewed workload of docs/DESIGN.md, "Splitting and balancing" (two requests of 100 x 512
 tokens among small ones), whole-request round robin against chunked least-loaded.
 
 Each replica is one tritonserver with one CPU thread (OMP_NUM_THREADS=1), so that on this 2-core
 machine two replicas are two independent workers, as two GPUs would be. CI runs a scaled-down
-workload (128-token sequences, 25 per large request); the full chapter 8 shape, whose numbers are in
+workload (128-token sequences, 25 per large request); the full shape, whose numbers are in
 benchmarks/results/client_balance.json, is
 
     ROSE_BALANCE_FULL=1 .venv/bin/python -m pytest -q -s tests/test_client_balance.py
@@ -35,7 +35,7 @@ RESULT = LOG_DIR / "client_balance.json"        # copied by hand to benchmarks/r
 
 
 def workload(full: bool) -> tuple[list[list[int]], int]:
-    """(sequence lengths of each request, token budget): chapter 8's requests, or a quarter-size copy."""
+    """(sequence lengths of each request, token budget): the skewed workload's requests, or a quarter-size copy."""
     if full:
         return [[512] * 100, [128] * 4, [512] * 100, [96] * 2, [512] * 8, [64] * 3], 2048
     return [[128] * 25, [32] * 4, [128] * 25, [24] * 2, [128] * 8, [16] * 3], 512
@@ -99,7 +99,7 @@ def test_chunked_least_loaded_balances_a_skewed_workload():
     assert sum(ch_load) == total
     ratio = max(ch_load) / min(ch_load)
     report = {
-        "workload": "seed chapter 8 (full)" if FULL else "seed chapter 8, scaled to a quarter (CI)",
+        "workload": "skewed (docs/DESIGN.md), full" if FULL else "skewed (docs/DESIGN.md), scaled to a quarter (CI)",
         "requests": [f"{len(s)} x {s[0]}" for s in shapes], "total_tokens": total, "replicas": R,
         "replica": "tritonserver, all-MiniLM-L6-v2, CPU, OMP_NUM_THREADS=1",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "token_budget": budget,

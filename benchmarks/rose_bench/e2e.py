@@ -9,7 +9,7 @@ of a set of gate sequences, then starts tritonserver twice in turn, once with th
 model repository (`rose`, `embed`) and once with the naive baseline repository
 (benchmarks/baseline_repository: `naive`, Hugging Face transformers on a padded batch in a Python
 model). Against each it runs the correctness gate (1 - cos <= 1e-3 against the reference, token
-ids and texts), the seed's four workloads with the same client, and perf_analyzer on the online
+ids and texts), the four workloads of docs/DESIGN.md with the same client, and perf_analyzer on the online
 workload. It writes bench_<model>.json (numbers, command, git commit, GPU, date, mode) and one
 PNG per workload. Needs tritonserver (see rose_backend.launcher), torch and transformers (folder
 and reference), matplotlib (charts); perf_analyzer is used when found.

@@ -13,7 +13,7 @@ folder (the shapes of rose_backend.testing.folders):
 
 `--merge OUT.json RUN.json ...` joins runs (a later run's layout replaces a failed or missing one).
 
-Workloads: the throughput workload of BENCHMARKS.md (batches of 100 sequences of 512 / 1024 / 4096
+Workloads: the throughput workload of docs/DESIGN.md (batches of 100 sequences of 512 / 1024 / 4096
 tokens from `--procs` client processes) and the concurrency workload (closed-loop clients of one
 512-token text) at `--clients`. Writes multi_gpu_<model>.json (numbers, command, commit, GPUs, date,
 and each GPU's memory in use while each layout ran, which shows which GPUs did the work).

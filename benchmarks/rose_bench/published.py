@@ -1,6 +1,6 @@
-"""Published reference numbers (H200, bf16) and this project's goals, from ../shared/BENCHMARKS.md.
+"""Published reference numbers (H200, bf16) and this project's goals, as docs/DESIGN.md (Benchmarks) describes them.
 
-vLLM 0.22.0 and the seed's engine "Tulip" as the post published them; the concurrency chart was
+vLLM 0.22.0 and Perplexity's engine "Tulip" as Perplexity's post published them; the concurrency chart was
 an unlabelled line plot, so those values are read off it and approximate. Latencies in ms, p50 with
 p99 where published; throughput in embeddings per second. Keys: model -> workload -> x -> row.
 """

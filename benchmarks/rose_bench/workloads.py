@@ -1,4 +1,4 @@
-"""The seed's four workloads, driven by client processes over gRPC streams (one stream each).
+"""The four workloads of docs/DESIGN.md (Benchmarks), driven by client processes over gRPC streams (one stream each).
 
 Every client is a closed loop: send one request, wait for its one FINAL response, send the next.
 Clients live in worker processes (spawned once per benchmark run and reused), so that concurrent

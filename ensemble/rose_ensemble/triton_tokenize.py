@@ -20,7 +20,7 @@ class TokenizeModel:
             s = TokenizeSettings.from_model_config(args["model_config"])
             self.tokenizer = TextTokenizer.from_folder(
                 resolve_model_dir(s.model_dir or None), max_seq_length=s.max_seq_length or None,
-                prompts=s.prompt_map, default_prompt_name=s.default_prompt_name or None,
+                prompts=s.prompt_map, fallback_prompts=s.fallback_prompt_map, default_prompt_name=s.default_prompt_name or None,
                 max_text_bytes=s.max_text_bytes, max_texts=s.max_request_texts)
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e

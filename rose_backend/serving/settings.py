@@ -138,6 +138,11 @@ class TokenizeSettings(_Settings):
     model_dir            Hugging Face folder (default "": $ROSE_MODEL_DIR, else the default model)
     prompts              JSON {"name": "prefix"}, added to (or overriding) the prompts of the folder's
                          config_sentence_transformers.json (default "": the folder's own)
+    fallback_prompts     JSON {"name": "prefix"} for prompt names the folder does not define itself
+                         (default {"query": "", "passage": ""}: task="query" / "passage" run on
+                         every model; a model without prompts, such as the default all-MiniLM-L6-v2,
+                         which is symmetric, embeds the text as it is; a model with its own prompts,
+                         such as Qwen3-Embedding's query instruction, keeps them)
     default_prompt_name  prompt used when a request names none (default "": the folder's, else none)
     max_seq_length       tokens kept per text, 0 = the model's (default 0)
     max_text_bytes       texts are cut to this many bytes before tokenizing, so a huge string costs
@@ -149,6 +154,7 @@ class TokenizeSettings(_Settings):
 
     model_dir: str = ""
     prompts: str = ""
+    fallback_prompts: str = '{"query": "", "passage": ""}'
     default_prompt_name: str = ""
     max_seq_length: int = 0
     max_text_bytes: int = 65536
@@ -156,21 +162,26 @@ class TokenizeSettings(_Settings):
 
     def __post_init__(self):
         self._check()
-        self.prompt_map               # parses, or says what is wrong
+        self.prompt_map               # parse, or say what is wrong
+        self.fallback_prompt_map
 
     @property
     def prompt_map(self) -> dict[str, str]:
         return parse_prompts(self.prompts)
 
+    @property
+    def fallback_prompt_map(self) -> dict[str, str]:
+        return parse_prompts(self.fallback_prompts, "fallback_prompts")
 
-def parse_prompts(value: str) -> dict[str, str]:
+
+def parse_prompts(value: str, name: str = "prompts") -> dict[str, str]:
     """Deployment prompts from a config.pbtxt parameter: a JSON object {name: prefix}."""
     if not value.strip():
         return {}
     try:
         prompts = json.loads(value)
     except json.JSONDecodeError as e:
-        raise ValueError(f"parameter 'prompts' must be a JSON object of name -> prefix: {e}") from e
+        raise ValueError(f"parameter {name!r} must be a JSON object of name -> prefix: {e}") from e
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise ValueError("parameter 'prompts' must be a JSON object mapping prompt names to prefix strings")
+        raise ValueError(f"parameter {name!r} must be a JSON object mapping prompt names to prefix strings")
     return prompts
