@@ -1,3 +1,5 @@
+import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,15 +20,35 @@ def default_model_dir():
     return default_model_dir()
 
 
+# The default deployment as most server tests see it: small batches, so that multi-text requests are
+# split across batches and the split path is exercised, and "query: " / "passage: " prompts (which
+# change the vectors, unlike the shipped empty fallback prompts of all-MiniLM).
+DEFAULT_TEST_PARAMS = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8"},
+                       "tokenize": {"prompts": '{\\"query\\": \\"query: \\", \\"passage\\": \\"passage: \\"}'}}
+
+
 @pytest.fixture(scope="session")
-def server():
-    """One tritonserver with the default model for the whole session (small batches, so that
-    multi-text requests are split across batches and the split path is exercised)."""
+def shared_server():
+    """shared_server(params=None, model_dir=None, name="shared") -> a running tritonserver, one per
+    distinct (params, model_dir) for the whole session, stopped at its end. For tests that only talk
+    to a server: a test that kills, restarts or reconfigures its server starts its own
+    (tests/server.py: running_server, running_servers). params as in running_server, e.g.
+    {"rose": {"max_batch_tokens": "256"}}; None: the shipped repository."""
     from server import running_server
-    params = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8"},
-              "tokenize": {"prompts": '{\\"query\\": \\"query: \\", \\"passage\\": \\"passage: \\"}'}}
-    with running_server(params=params, name="default") as srv:
-        yield srv
+    cache: dict = {}
+    with contextlib.ExitStack() as stack:
+        def get(params: dict | None = None, model_dir: str | None = None, name: str = "shared"):
+            key = (json.dumps(params, sort_keys=True), str(model_dir))
+            if key not in cache:
+                cache[key] = stack.enter_context(running_server(model_dir, params, name=name))
+            return cache[key]
+        yield get
+
+
+@pytest.fixture(scope="session")
+def server(shared_server):
+    """The session's default server (DEFAULT_TEST_PARAMS, the default model)."""
+    return shared_server(DEFAULT_TEST_PARAMS, name="default")
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy  # noqa: F401
+from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy, stop_all  # noqa: F401
 
 LOG_DIR = Path(__file__).resolve().parent / ".logs"
+# Seconds tritonserver waits at SIGTERM for in-flight work and model unloads. A test server is stopped
+# with nothing in flight, and a server that has run the `embed` ensemble may otherwise wait the whole
+# 30 s of the launcher's default (docs/OPERATIONS.md); tests of draining pass exit_timeout=None.
+TEST_EXIT_TIMEOUT_S = 5
 _counter = itertools.count(1)
 
 
@@ -33,8 +37,8 @@ def repository_with(params: dict[str, dict[str, str]], dest: Path) -> Path:
 
 @contextlib.contextmanager
 def running_servers(n: int, model_dir: str | None = None, params: dict | None = None, name: str = "server",
-                    env: dict | None = None, timeout: float = 300.0):
-    """n tritonservers of one repository, started side by side; all stopped on exit."""
+                    env: dict | None = None, timeout: float = 300.0, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S):
+    """n tritonservers of one repository, started side by side; all stopped (in parallel) on exit."""
     LOG_DIR.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rose-repo-") as tmp:
         repo = repository_with(params, Path(tmp)) if params else DEFAULT_REPOSITORY
@@ -43,18 +47,18 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
             for _ in range(n):
                 log = LOG_DIR / f"{name}-{next(_counter)}.log"
                 log.unlink(missing_ok=True)
-                servers.append(TritonProcess(model_dir, repo, free_ports(), log_file=log,
+                extra = [] if exit_timeout is None else [f"--exit-timeout-secs={exit_timeout}"]
+                servers.append(TritonProcess(model_dir, repo, free_ports(), log_file=log, extra_args=extra,
                                              env={**os.environ, **(env or {})}).start())
             for s in servers:
                 s.wait_ready(timeout)
             yield servers
         finally:
-            for s in servers:
-                s.stop()
+            stop_all(servers)
 
 
 @contextlib.contextmanager
 def running_server(model_dir: str | None = None, params: dict | None = None, name: str = "server",
-                   timeout: float = 300.0, env: dict | None = None):
-    with running_servers(1, model_dir, params, name, env, timeout) as (srv,):
+                   timeout: float = 300.0, env: dict | None = None, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S):
+    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout) as (srv,):
         yield srv

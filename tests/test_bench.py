@@ -96,12 +96,12 @@ def test_multi_gpu_bench_cpu_smoke(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
     p = subprocess.run([sys.executable, "-m", "rose_bench", "multi-gpu", "--model", "tiny-bert", "--cpu-smoke",
-                        "--gpus", "0,1", "--procs", "2", "--clients", "2", "--out", str(out), "--workdir", str(work),
+                        "--gpus", "0,1", "--layouts", "per-gpu-servers", "--procs", "2", "--clients", "2", "--out", str(out), "--workdir", str(work),
                         "--git-commit", "test"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads((out / "multi_gpu_tiny-bert.json").read_text())
     assert r["schema"] == "rose-multi-gpu/1" and r["git"]["commit"] == "test" and r["date"] and r["command"]
-    assert set(r["layouts"]) == {"one-gpu", "per-gpu-servers"}
+    assert set(r["layouts"]) == {"per-gpu-servers"}        # one-gpu is the same path with one server
     assert r["layouts"]["per-gpu-servers"]["servers"] == 2
     for name, layout in r["layouts"].items():
         assert "error" not in layout, (name, layout)

@@ -36,12 +36,12 @@ import numpy as np
 from rose_backend.testing import folders
 from rose_backend.testing.compare import cos_dist
 from rose_bench import workloads
-from rose_bench.e2e import MODES
+from rose_bench.modes import MODES
 from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, save_json
 
 
 def _counts(mode: str, **override) -> dict:
-    """The throughput and concurrency counts of the end-to-end bench's `mode` (rose_bench.e2e), with overrides."""
+    """The throughput and concurrency counts of the end-to-end bench's `mode` (rose_bench.modes), with overrides."""
     m = MODES[mode]
     return {"throughput": m["throughput"], "tput_batch": m["tput_batch"], "tput_batches": m["tput_batches"],
             "conc_len": m["conc_len"], "conc_total": m["conc_total"], "warmup": m["tput_warmup"], **override}
