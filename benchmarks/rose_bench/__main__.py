@@ -11,7 +11,7 @@ import rose_bench
 SUBCOMMANDS = {
     "e2e": "e2e", "multi-gpu": "multi_gpu", "engine": "engine_bench", "qwen3": "qwen3_bench",
     "attention-sweep": "attention_sweep", "merge": "merge", "render-readme": "render_readme",
-    "charts": "charts", "perf-inputs": "perf",
+    "charts": "charts", "perf-inputs": "perf", "forward-profile": "forward_profile",
 }
 
 
