@@ -4,12 +4,14 @@ killed midway)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -284,12 +286,25 @@ def test_three_servers_equal_one_server_in_order_and_survive_a_kill(three):
         out2 = c.embed(texts)
         k.join()
         assert victim.proc.poll() is not None
+        # stopping a server whose tritonserver was SIGKILLed leaves none of its stubs or segments
+        victim.stop()
+        assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _pgid(int(pid)) == victim.proc.pid]
+        assert not list(Path("/dev/shm").glob(victim.shm_prefix + "*"))
         assert out2.shape == (1200, 384) and cos_dist(out2, ref).max() <= 1e-5
         assert c.stats()[victim.grpc_url]["failures"] >= 1
 
         # and the task prompt travels with every chunk
         q = c.embed(texts[:300], task="query")
         assert cos_dist(q, one_server(urls[0], texts[:300], task="query")).max() <= 1e-5
+
+
+def _pgid(pid: int) -> int | None:
+    """The process group of a live (not zombie) process, else None."""
+    try:
+        state, _ppid, pgrp = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:3]
+    except (OSError, ValueError):
+        return None
+    return None if state in ("Z", "X") else int(pgrp)
 
 
 def one_server(url, texts, task=None):
