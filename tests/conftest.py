@@ -52,6 +52,19 @@ def server(shared_server):
 
 
 @pytest.fixture(scope="session")
+def replicas():
+    """Three replicas of the default model (a "query: " prompt), each with one CPU thread
+    (OMP_NUM_THREADS=1) so that on this 2-core machine they work as independent workers, as GPUs
+    would: the client's multi-server tests. test_client.py kills the second one; later users take
+    the live ones ([s for s in replicas if s.proc.poll() is None])."""
+    from server import running_servers
+    params = {"tokenize": {"prompts": '{\\"query\\": \\"query: \\"}'}}
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with running_servers(3, params=params, name="replica", env=env) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="session")
 def sentence_model(default_model_dir):
     from sentence_transformers import SentenceTransformer
     return SentenceTransformer(str(default_model_dir), device="cpu")

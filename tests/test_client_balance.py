@@ -1,8 +1,9 @@
 """Balance on real servers: the skewed workload of docs/DESIGN.md, "Splitting and balancing" (two requests of 100 x 512
 tokens among small ones), whole-request round robin against chunked least-loaded.
 
-Each replica is one tritonserver with one CPU thread (OMP_NUM_THREADS=1), so that on this 2-core
-machine two replicas are two independent workers, as two GPUs would be. CI runs a scaled-down
+Each replica is one tritonserver with one CPU thread (OMP_NUM_THREADS=1; the session's `replicas`
+of tests/conftest.py), so that on this 2-core machine two replicas are two independent workers, as
+two GPUs would be. CI runs a scaled-down
 workload (128-token sequences, 25 per large request); the full shape, whose numbers are in
 benchmarks/results/client_balance.json, is
 
@@ -26,7 +27,7 @@ import pytest
 
 from rose_client import EmbeddingClient, StreamConnection
 from rose_backend.testing.compare import cos_dist
-from server import LOG_DIR, running_servers
+from server import LOG_DIR
 
 pytestmark = pytest.mark.server
 FULL = os.environ.get("ROSE_BALANCE_FULL") == "1"
@@ -80,19 +81,19 @@ def chunked(urls, reqs, budget):
     return makespan, [stats[u]["tokens"] for u in urls], [stats[u]["chunks"] for u in urls], outs
 
 
-def test_chunked_least_loaded_balances_a_skewed_workload():
+def test_chunked_least_loaded_balances_a_skewed_workload(replicas):
     shapes, budget = workload(FULL)
     rng = np.random.default_rng(0)
     reqs = [token_ids(s, rng) for s in shapes]
     total = sum(sum(s) for s in shapes)
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with running_servers(R, name="balance", env=env) as servers:
-        urls = [s.grpc_url for s in servers]
-        for u in urls:                                       # warm every replica up
-            with EmbeddingClient(u) as w:
-                w.embed_tokens(token_ids([128] * 8, rng))
-        rr_time, rr_load, rr_out = round_robin(urls, reqs)
-        ch_time, ch_load, ch_chunks, ch_out = chunked(urls, reqs, budget)
+    servers = [s for s in replicas if s.proc.poll() is None][:R]      # one-thread replicas (conftest)
+    assert len(servers) == R, f"need {R} live replicas, have {len(servers)}"
+    urls = [s.grpc_url for s in servers]
+    for u in urls:                                       # warm every replica up
+        with EmbeddingClient(u) as w:
+            w.embed_tokens(token_ids([128] * 8, rng))
+    rr_time, rr_load, rr_out = round_robin(urls, reqs)
+    ch_time, ch_load, ch_chunks, ch_out = chunked(urls, reqs, budget)
 
     for a, b in zip(rr_out, ch_out):                        # the same embeddings either way
         assert a.shape == b.shape and cos_dist(a, b).max() <= 1e-5
