@@ -130,6 +130,7 @@ class Engine:
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
         words = 3 * tb + 2 * sb + 3
         self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
+        self._arange = np.arange(tb, dtype=np.int32)             # positions of a lone sequence
         self._views: dict[Key, _Views] = {}
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
         self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
@@ -166,7 +167,8 @@ class Engine:
         if self.attention is not None:
             return self.attention
         fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
-        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available)
+        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available, self.cfg.num_layers,
+                                 {n: backend_class(n).host_plan_us for n in fits or self.available})
 
     def _use(self, name: str) -> AttentionBackend:
         be = self._backend(name)
@@ -219,9 +221,13 @@ class Engine:
         a = slot.np
         a[:t] = batch.input_ids
         a[t:tb] = self.cfg.pad_token_id
-        a[tb:tb + t] = batch.positions()
+        if s == 1:                          # one sequence (the online case): no per-token index math
+            a[tb:tb + t] = self._arange[:t]
+            a[2 * tb:2 * tb + t] = 0
+        else:
+            a[tb:tb + t] = batch.positions()
+            a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
         a[tb + t:2 * tb] = 0
-        a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
         a[2 * tb + t:3 * tb] = sb                                 # padding rows pool into the dummy
         o = 3 * tb
         cu = a[o:o + sb + 2]
