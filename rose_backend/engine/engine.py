@@ -53,6 +53,7 @@ class _Slot:
         self.np = self.staging.numpy()
         self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
         self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
+        self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
         self.lt: LazyTensor | None = None
 
 
@@ -199,7 +200,8 @@ class Engine:
                 out = self._run_static(batch, key, slot, marks)
         if marks is not None:
             marks.append(("launched", time.perf_counter_ns()))
-        lt = LazyTensor.launch(out, s, host=slot.out if s <= slot.out.shape[0] else None)
+        fits = s <= slot.out.shape[0]
+        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None)
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))
