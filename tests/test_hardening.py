@@ -18,8 +18,8 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
-from rose_backend.serving.service import (CANCELLED, SHUTTING_DOWN, EmbeddingService, Overloaded,
-                                          ShuttingDown, is_out_of_memory, wait_until)
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ShuttingDown, is_out_of_memory
+from rose_backend.serving.service import EmbeddingService, wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
 from rose_backend.testing.compare import cos_dist
 
@@ -203,7 +203,8 @@ def test_overloaded_answers_at_once(engine):
 def test_stop_answers_every_request_within_the_drain_time(engine):
     slow = Slow(engine, 0.1)
     done = []
-    svc = EmbeddingService(slow, done.append, max_batch_tokens=64, max_batch_seqs=4)
+    # inline off: submitted one by one to an idle service, each request would run on this thread
+    svc = EmbeddingService(slow, done.append, max_batch_tokens=64, max_batch_seqs=4, inline=False)
     requests = [Request(np.full(64, 2000 + i, np.int32), np.full(4, 16, np.int32)) for i in range(40)]
     for r in requests:
         svc.submit(r)

@@ -86,6 +86,11 @@ class RoseSettings(_Settings):
     max_request_tokens   tokens per request (default 1048576)
     drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
                          left gets a "shutting down" error (default 20)
+    inline_execute       auto | true | false: a request arriving while nothing is queued or running is
+                         run inside execute() itself, with no hand-over to the scheduler thread
+                         (default auto: on for a CUDA device; on the CPU the forward pass run on the
+                         stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
+                         contending, so auto leaves it off there)
     """
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "max_queued_tokens": 0,
@@ -103,11 +108,15 @@ class RoseSettings(_Settings):
     max_request_seqs: int = 4096
     max_request_tokens: int = 1 << 20
     drain_timeout_s: int = 20
+    inline_execute: str = "auto"
 
     def __post_init__(self):
         self._check()
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"model 'rose': parameter 'device' must be auto, cpu or cuda, got {self.device!r}")
+        if self.inline_execute not in ("auto", "true", "false"):
+            raise ValueError(f"model 'rose': parameter 'inline_execute' must be auto, true or false, "
+                             f"got {self.inline_execute!r}")
         if self.dtype and self.dtype not in DTYPES:
             raise ValueError(f"model 'rose': parameter 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         self.precapture_configs       # parses, or says what is wrong

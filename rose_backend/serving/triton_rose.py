@@ -5,6 +5,8 @@ service's loop thread batches, runs the engine and calls back here to send each 
 one response, with the FINAL flag. Bad input gets an error response at once; nothing else waits.
 
 config.pbtxt parameters: rose_backend.serving.settings.RoseSettings (their meaning and defaults).
+Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
+and the summary written to <folder>/rose_<pid>.json when the model unloads (serving/stage_clock.py).
 
 Error codes: bad input INVALID_ARG; overloaded / shutting down UNAVAILABLE ("retry later");
 cancelled CANCELLED; a failed forward pass INTERNAL. Every request gets exactly one response,
@@ -12,20 +14,23 @@ with the FINAL flag, and nothing after it.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
+import time
 
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
+from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.scheduler import Request
-from rose_backend.serving.service import EmbeddingService, Unavailable
-from rose_backend.serving.validation import RequestLimits, validate_tokens
-from rose_backend.serving.triton_interop import check_numpy_interop
+from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
+from rose_backend.serving.stage_clock import StageClock
+from rose_backend.serving.triton_interop import check_numpy_interop
+from rose_backend.serving.validation import RequestLimits, validate_tokens
 
 log = logging.getLogger("rose")
-
 
 class RoseModel:
     def initialize(self, args):
@@ -45,15 +50,23 @@ class RoseModel:
                 max_inflight=s.max_inflight, precapture=s.precapture_configs)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
                                         max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens)
-            self.service = EmbeddingService(self.engine, self._respond, max_batch_tokens=s.max_batch_tokens,
-                                            max_batch_seqs=s.max_batch_seqs, max_inflight=s.max_inflight,
-                                            max_queued_tokens=s.max_queued_tokens)
+            inline = s.inline_execute
+            if inline == "auto":
+                inline = "true" if self.engine.device.type == "cuda" else "false"
+            self.clock = StageClock.from_env("rose")
+            self.engine.mark_stages = self.clock is not None
+            self.service = EmbeddingService(
+                self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
+                max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
+                inline=inline == "true", clock=self.clock)
             self.drain_timeout = s.drain_timeout_s
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
         log.info("rose: %s on %s, %d-dim embeddings, pooling=%s normalize=%s", cfg.model_dir, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
+        gc.collect()
+        gc.freeze()      # start-up objects (weights' modules, tables) leave the collector's scans
 
     @staticmethod
     def _device(choice: str, args, torch) -> str:
@@ -66,14 +79,20 @@ class RoseModel:
         return f"cuda:{gpu_id if kind == 'GPU' else 0}"
 
     def execute(self, requests):
+        clock = self.clock
         for request in requests:
+            t0 = time.perf_counter_ns() if clock is not None else 0
             sender = request.get_response_sender()
             try:
                 ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
                 lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
-                input_ids, seq_lens = validate_tokens(
-                    None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy(), self.limits)
-                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled))
+                ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
+                t1 = time.perf_counter_ns() if clock is not None else 0
+                input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
+                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled)
+                if clock is not None:
+                    r.marks += [("received", t0), ("inputs_read", t1), ("validated", time.perf_counter_ns())]
+                self.service.submit(r)
             except Exception as e:  # every request gets its one FINAL response, whatever went wrong
                 if isinstance(e, Unavailable):
                     code = pb_utils.TritonError.UNAVAILABLE
@@ -94,12 +113,18 @@ class RoseModel:
         else:
             code = getattr(pb_utils.TritonError, self._CODES.get(r.error_kind, "INTERNAL"))
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
+        if self.clock is not None:
+            self.clock.mark(r, "response_built")
         r.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self.clock is not None:
+            self.clock.mark(r, "sent")
 
     def finalize(self):
         log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
         self.service.stop(self.drain_timeout)
         self.metrics.stop()
+        if self.clock is not None:
+            self.clock.write()
 
 
 class _Metrics:
