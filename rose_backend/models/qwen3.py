@@ -25,10 +25,11 @@ from torch import nn
 from rose_backend.config import ModelConfig
 from rose_backend.layers import fused
 from rose_backend.layers.activation import silu_and_mul
-from rose_backend.layers.attention import AttentionBackend, AttentionShape, make_backend
+from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddRMSNorm, RMSNorm
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.loading import iter_safetensors, strip_prefix
+from rose_backend.models.packed import PackedModel
 
 _PREFIXES = ("model.",)                     # Qwen3ForCausalLM keeps the decoder under "model."
 _SKIPPED = ("lm_head.",)                    # the LM head (tied or not) plays no part in embeddings
@@ -99,7 +100,7 @@ class Qwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-class Qwen3Decoder(nn.Module):
+class Qwen3Decoder(PackedModel):
     """Qwen3Model on packed tokens: forward(input_ids [T], positions [T]) -> hidden [T, H]."""
 
     def __init__(self, cfg: ModelConfig):
@@ -110,17 +111,6 @@ class Qwen3Decoder(nn.Module):
                                       cfg.rope_theta)
         self.layers = nn.ModuleList(Qwen3Layer(cfg, self.rotary) for _ in range(cfg.num_layers))
         self.norm = AddRMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.attn: AttentionBackend | None = None
-
-    def set_attention_backend(self, name_or_backend: str | AttentionBackend) -> AttentionBackend:
-        if isinstance(name_or_backend, str):
-            shape = AttentionShape(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
-                                   self.embed_tokens.weight.dtype, causal=self.cfg.causal)
-            name_or_backend = make_backend(name_or_backend, shape, self.embed_tokens.weight.device)
-        self.attn = name_or_backend
-        for layer in self.layers:
-            layer.self_attn.attn = name_or_backend
-        return name_or_backend
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None                                 # [T, H]
