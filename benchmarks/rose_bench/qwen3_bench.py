@@ -24,7 +24,7 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
-from rose_backend.models import qwen3
+from rose_backend.layers import fused
 from rose_backend.testing.folders import make_folder
 from rose_bench.engine_bench import per_config
 from rose_bench.record import git_commit
@@ -57,10 +57,10 @@ def main(argv=None) -> int:
     print(f"folder ready in {time.time() - t0:.1f}s", flush=True)
     rng = np.random.default_rng(0)
     for kernels in args.kernels.split(","):
-        if kernels == "flashinfer" and qwen3.flashinfer is None:
+        if kernels == "flashinfer" and fused.flashinfer is None:
             print("flashinfer not installed: skipping its kernels", flush=True)
             continue
-        qwen3.USE_FLASHINFER = kernels == "flashinfer"
+        fused.enabled = kernels == "flashinfer"
         eng = Engine(cfg, "cuda", attention=args.attention)
         for n_seqs, seq_len in SHAPES:
             t0 = time.time()
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
             (out_dir / f"qwen3_bench_{args.kernels.replace(',', '+')}.json").write_text(json.dumps(report, indent=2))
         del eng
         torch.cuda.empty_cache()
-    qwen3.USE_FLASHINFER = True
+    fused.enabled = True
     return 0
 
 

@@ -13,8 +13,8 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
+from rose_backend.layers import fused
 from rose_backend.layers.attention import AttentionShape, available_backends
-from rose_backend.models import qwen3
 from rose_backend.testing.compare import cos_dist
 from rose_backend.testing.folders import make_folder, random_ids
 from rose_backend.testing.reference import Reference
@@ -52,9 +52,9 @@ def _backends(cfg) -> list[str]:
 @pytest.mark.parametrize("kernels", ["torch", "flashinfer"])
 def test_0p6b_bf16_eager_and_graph_match_float32(folder, kernels, monkeypatch):
     cfg, runs, wants = folder
-    if kernels == "flashinfer" and qwen3.flashinfer is None:
+    if kernels == "flashinfer" and fused.flashinfer is None:
         pytest.skip("flashinfer is not installed")
-    monkeypatch.setattr(qwen3, "USE_FLASHINFER", kernels == "flashinfer")
+    monkeypatch.setattr(fused, "enabled", kernels == "flashinfer")
     for name in _backends(cfg):
         eng = Engine(cfg, "cuda", attention=name)
         for _ in range(3):                                 # eager, capture, replay
