@@ -1,14 +1,14 @@
-"""A real tritonserver with the real gateway process in front of it, for the gateway's tests."""
+"""The real gateway process (rose_gateway) in front of a real tritonserver, for the gateway's tests."""
 from __future__ import annotations
 
 import contextlib
 
-from server import LOG_DIR, running_server
+from server import LOG_DIR
 
 from rose_backend.launcher import free_ports
 from rose_gateway.process import GatewayProcess
 
-# the same deployment prompts as the session server of conftest.py
+# the deployment prompts of conftest.py's session server (DEFAULT_TEST_PARAMS)
 PROMPTS = {"tokenize": {"prompts": '{\\"query\\": \\"query: \\", \\"passage\\": \\"passage: \\"}'}}
 
 
@@ -19,9 +19,3 @@ def gateway_for(grpc_url: str, name: str, api_key: str | None = None, extra_args
     log.unlink(missing_ok=True)
     with GatewayProcess(grpc_url, free_ports().grpc, api_key=api_key, extra_args=extra_args, log_file=log) as gw:
         yield gw
-
-
-@contextlib.contextmanager
-def server_and_gateway(name: str, api_key: str | None = None, extra_args: list[str] | None = None):
-    with running_server(params=PROMPTS, name=name) as srv, gateway_for(srv.grpc_url, name, api_key, extra_args) as gw:
-        yield srv, gw

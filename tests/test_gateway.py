@@ -8,9 +8,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from gateway_fixtures import server_and_gateway
+from gateway_fixtures import gateway_for
 
-from rose_client.bench.folders import cos_dist
+from rose_backend.testing.compare import cos_dist
 
 pytestmark = pytest.mark.server
 KEY = "test-key-123"
@@ -19,8 +19,9 @@ TEXTS = ["what is rose?", "Triton serves embeddings over gRPC.", "a third, somew
 
 
 @pytest.fixture(scope="module")
-def gateway():
-    with server_and_gateway("gateway", api_key=KEY) as (_srv, gw):
+def gateway(server):
+    """The gateway in front of the session's default server (its "query" / "passage" prompts)."""
+    with gateway_for(server.grpc_url, "gateway", api_key=KEY) as gw:
         yield gw
 
 
