@@ -139,12 +139,12 @@ class Gateway:
     async def _learn_server_settings(self) -> None:
         """The deployment's `tokenize` settings, asked of Triton until one replica answers (at most
         every 5 s, so a set of replicas that is down costs requests nothing)."""
-        if self.model.server_settings_known or time.monotonic() < self._settings_retry_at:
+        if self.model.server_answered or time.monotonic() < self._settings_retry_at:
             return
         self._settings_retry_at = time.monotonic() + 5.0
-        params = await self.state.tokenize_parameters()
-        if params is not None:
-            self.model.use_server_settings(params)
+        config = await self.state.tokenize_config()
+        if config is not None:
+            self.model.use_server_settings(config)
 
     async def _count(self, req) -> list[int]:
         if len(req.texts) <= COUNT_INLINE:

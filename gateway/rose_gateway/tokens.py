@@ -9,11 +9,14 @@ reports them (fetched on the first request that finds a replica up). Token-id in
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from rose_client.chunking import TextTokenCounter
 
 from rose_gateway.errors import bad_request
+
+log = logging.getLogger("rose_gateway")
 
 
 class ModelInfo:
@@ -23,21 +26,30 @@ class ModelInfo:
         self.name = model_name(cfg.model_dir)
         self.max_seq_length = cfg.max_seq_length
         self.normalizes = cfg.normalize
-        self.prompts, self.default_prompt_name = cfg.prompts, cfg.default_prompt_name
+        self.folder_prompts, self.folder_default_prompt_name = dict(cfg.prompts), cfg.default_prompt_name
+        self.prompts, self.default_prompt_name = dict(cfg.prompts), cfg.default_prompt_name
         self.max_text_bytes = max_text_bytes
         self.counter = TextTokenCounter(cfg.model_dir, max_text_tokens=1 << 30)   # uncapped: see count_texts
-        self.server_settings_known = False
+        self.server_answered = False        # Triton told us the tokenize settings (understood or not)
+        self.server_settings_known = False  # ... and they are in force here
 
-    def use_server_settings(self, params: dict[str, str]) -> None:
-        """The deployment's own `tokenize` settings (config.pbtxt parameters, read from Triton): its
-        prompts, default prompt, max_seq_length and max_text_bytes override the folder's."""
-        from rose_ensemble.tokenization import parse_prompts
-        self.prompts = {**self.prompts, **parse_prompts(params.get("prompts", ""))}
-        self.default_prompt_name = params.get("default_prompt_name") or self.default_prompt_name
-        if params.get("max_seq_length", "").strip() not in ("", "0"):
-            self.max_seq_length = int(params["max_seq_length"])
-        if params.get("max_text_bytes", "").strip():
-            self.max_text_bytes = int(params["max_text_bytes"]) or 1 << 62
+    def use_server_settings(self, model_config: dict) -> None:
+        """The deployment's own `tokenize` settings (its config.pbtxt parameters, as Triton reports
+        them), merged as the tokenize model merges them: fallback prompts, then the folder's, then
+        the deployment's; its default prompt, max_seq_length and max_text_bytes when set."""
+        from rose_backend.serving.settings import TokenizeSettings    # json and dataclasses only
+        self.server_answered = True
+        try:
+            s = TokenizeSettings.from_model_config(model_config)
+        except ValueError as e:                      # a server newer than this gateway: keep the folder's
+            log.warning("the server's tokenize settings are not understood here (%s); token counts use "
+                        "the model folder's prompts and limits", e)
+            return
+        self.prompts = {**s.fallback_prompt_map, **self.folder_prompts, **s.prompt_map}
+        self.default_prompt_name = s.default_prompt_name or self.folder_default_prompt_name
+        if s.max_seq_length:
+            self.max_seq_length = s.max_seq_length
+        self.max_text_bytes = s.max_text_bytes or 1 << 62
         self.server_settings_known = True
 
     def check_task(self, task: str | None) -> None:

@@ -33,17 +33,16 @@ class TritonState:
         missing = [m for m, ok in zip(models, flags) if not ok]
         return "ready" if not missing else f"models not ready: {', '.join(missing)}"
 
-    async def tokenize_parameters(self) -> dict[str, str] | None:
-        """The `tokenize` model's config.pbtxt parameters (prompts, max_seq_length, ...) from the first
-        replica that answers; None when none does."""
+    async def tokenize_config(self) -> dict | None:
+        """The `tokenize` model's configuration (its config.pbtxt parameters: prompts, max_seq_length,
+        ...) from the first replica that answers; None when none does."""
         for url in self.urls:
             try:
                 cfg = await self._client(url).get_model_config("tokenize", as_json=True, client_timeout=self.timeout)
             except Exception:
                 await self._drop(url)
                 continue
-            params = cfg.get("config", cfg).get("parameters", {})
-            return {k: v.get("string_value", "") for k, v in params.items()}
+            return cfg.get("config", cfg)
         return None
 
     async def health(self) -> dict[str, str]:
