@@ -103,7 +103,11 @@ def test_launcher_starts_and_stops_the_gateway():
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/health", timeout=5)                 # the gateway stopped with the server
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:            # a failed check: the launcher stops its server and gateway
+            proc.send_signal(signal.SIGTERM)   # (each in its own session, out of reach of killpg)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.close()
