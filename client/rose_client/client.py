@@ -17,6 +17,7 @@ replica, and its rows are written once, by the first attempt that succeeds.
 
     >>> client = EmbeddingClient("127.0.0.1:8001,127.0.0.1:8011", tokenizer="path/to/model")
     >>> client.embed(["what is rose?"], task="query").shape      # (1, 384)
+    >>> r = client.encode(texts, sparse=True, colbert=True)       # BGE-M3: r.dense, r.sparse, r.colbert
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rose_client.chunking import TextTokenCounter, chunk_ranges, estimate_text_tokens
+from rose_client.encoded import Ask, Encoded
 from rose_client.transport import ServerError, StreamConnection
 
 
@@ -121,13 +123,25 @@ class EmbeddingClient:
             r.connection()
 
     # ----------------------------------------------------------------------------- public API
-    def embed(self, texts: list[str], task: str | None = None) -> np.ndarray:
-        """Embed texts; returns float32 [len(texts), D] in input order."""
-        return self._run_sync(self.model, self._text_chunks(texts, task), len(texts))
+    def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
+              encoding: str = "float32") -> np.ndarray:
+        """Embed texts; returns [len(texts), D] in input order: float32, or what `encoding` says
+        (float16, int8, uint8; binary / ubinary: int8 / uint8 [n, D / 8]). `dimensions`: keep the
+        first d dimensions (Matryoshka; normalized again if the model normalizes)."""
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask).dense
+
+    def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
+               dimensions: int | None = None, encoding: str = "float32", task: str | None = None) -> Encoded:
+        """Dense, sparse and / or ColBERT outputs of texts from one forward pass (BGE-M3's heads):
+        .dense [n, D] (as embed), .sparse a {token id: weight} dict per input, .colbert a float32
+        [tokens - 1, Dc] array per input. Chunked and balanced like embed."""
+        ask = Ask(dense, sparse, colbert, dimensions, encoding)
+        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask)
 
     def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
         """Embed pre-tokenized sequences (with the model's special tokens); float32 [n, D]."""
-        return self._run_sync(self.token_model, self._token_chunks(token_lists), len(token_lists))
+        return self._run_sync(self.token_model, self._token_chunks(token_lists), len(token_lists), Ask()).dense
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Token counts used for chunking: exact with a tokenizer, else the bytes/4 + 2 estimate."""
@@ -159,13 +173,13 @@ class EmbeddingClient:
         self.close()
 
     # ----------------------------------------------------------------------------- chunking
-    def _text_chunks(self, texts, task) -> list[_Chunk]:
+    def _text_chunks(self, texts, task, ask: Ask = Ask()) -> list[_Chunk]:
         if isinstance(texts, (str, bytes)):
             raise TypeError("embed() takes a list of texts; wrap a single text in a list")
         texts = list(texts)
         sizes = [len(t.encode("utf-8")) if isinstance(t, str) else len(t) for t in texts]
         costs = self.count_tokens(texts)
-        extra = [("TASK", [task])] if task else []
+        extra = ([("TASK", [task])] if task else []) + ask.inputs()
         ranges = chunk_ranges(costs, self.token_budget, self.max_chunk_seqs, sizes, self.max_chunk_bytes) or [(0, 0)]
         return [_Chunk(s, e, sum(costs[s:e]), [("TEXT", texts[s:e])] + extra) for s, e in ranges]
 
@@ -179,9 +193,9 @@ class EmbeddingClient:
                        [("INPUT_IDS", flat[offs[s]:offs[e]]), ("SEQ_LENS", lens[s:e])]) for s, e in ranges]
 
     # ----------------------------------------------------------------------------- driving a call
-    def _run_sync(self, model: str, chunks: list[_Chunk], n: int) -> np.ndarray:
+    def _run_sync(self, model: str, chunks: list[_Chunk], n: int, ask: Ask) -> Encoded:
         event = threading.Event()
-        job = _Job(self, model, chunks, n, event.set)
+        job = _Job(self, model, chunks, n, event.set, ask)
         try:
             while True:
                 event.clear()
@@ -229,8 +243,8 @@ class _Job:
     """One call's chunks in flight. `step()` does all the work and returns how long to wait for the
     next event (None: finished); the sync and the asyncio client only differ in how they wait."""
 
-    def __init__(self, client: EmbeddingClient, model: str, chunks: list[_Chunk], n: int, wake):
-        self.client, self.model, self.n, self.wake = client, model, n, wake
+    def __init__(self, client: EmbeddingClient, model: str, chunks: list[_Chunk], n: int, wake, ask: Ask):
+        self.client, self.model, self.n, self.wake, self.ask = client, model, n, wake, ask
         self.todo: list[_Chunk] = list(chunks)           # waiting to be sent, in input order
         self.chunks = chunks
         self.inflight: set[_Attempt] = set()
@@ -283,7 +297,7 @@ class _Job:
             if conn is not None:
                 conn.close(wait=False)
         for att in sent:                                 # outside the lock: callbacks may run inline
-            att.fut = att.conn.infer(self.model, att.chunk.inputs)
+            att.fut = att.conn.infer(self.model, att.chunk.inputs, self.ask.outputs(), self.ask.parameters())
             att.fut.add_done_callback(lambda f, a=att: c._on_done(a, self, f))
         if sent:
             return 0.0                                   # look at the queue again right away
@@ -297,10 +311,8 @@ class _Job:
         chunk, r = att.chunk, att.replica
         exc = att.fut.exception()
         if exc is None:
-            out = att.fut.result()["EMBEDDINGS"]
-            rows = chunk.end - chunk.start
-            if out.ndim != 2 or out.shape[0] != rows:
-                raise ServerError(f"{r.url}: answered {out.shape} for a chunk of {rows} inputs")
+            out = att.fut.result()
+            self.ask.check(out, chunk.end - chunk.start, r.url)
             chunk.result = out
             self.remaining -= 1
             with c._lock:
@@ -344,14 +356,8 @@ class _Job:
         return "; ".join(f"{r.url} ({'down: ' + r.last_error if r.down_until > now or r.failures else 'up'})"
                          for r in self.client._replicas)
 
-    def output(self) -> np.ndarray:
-        parts = [ch.result for ch in self.chunks]
-        dims = {p.shape[1] for p in parts}
-        if len(dims) > 1:
-            raise ServerError(f"replicas answered with different embedding sizes {sorted(dims)}: "
-                              f"are they serving the same model? ({', '.join(self.client.urls)})")
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return np.ascontiguousarray(out, dtype=np.float32)
+    def output(self) -> Encoded:
+        return self.ask.assemble([ch.result for ch in self.chunks], self.client.urls)
 
     def finish(self) -> None:
         with self.client._lock:
@@ -369,16 +375,24 @@ class AsyncEmbeddingClient:
         self.sync = EmbeddingClient(urls, **kwargs)
         self.urls = self.sync.urls
 
-    async def embed(self, texts: list[str], task: str | None = None) -> np.ndarray:
-        return await self._run(self.sync.model, self.sync._text_chunks(texts, task), len(texts))
+    async def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
+                    encoding: str = "float32") -> np.ndarray:
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return (await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)).dense
+
+    async def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
+                     dimensions: int | None = None, encoding: str = "float32", task: str | None = None) -> Encoded:
+        ask = Ask(dense, sparse, colbert, dimensions, encoding)
+        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)
 
     async def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
-        return await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists))
+        return (await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists),
+                                Ask())).dense
 
     def stats(self):
         return self.sync.stats()
 
-    async def _run(self, model, chunks, n) -> np.ndarray:
+    async def _run(self, model, chunks, n, ask: Ask) -> Encoded:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -388,7 +402,7 @@ class AsyncEmbeddingClient:
             except RuntimeError:          # the loop is closed: nobody is waiting any more
                 pass
 
-        job = _Job(self.sync, model, chunks, n, wake)
+        job = _Job(self.sync, model, chunks, n, wake, ask)
         try:
             while True:
                 event.clear()

@@ -5,6 +5,12 @@ batch in pinned memory, one host-to-device copy into static buffers, planning th
 backend (outside any graph), the forward pass (eager, captured, or replayed from a CUDA graph),
 pooling, normalizing, and queueing the copy back into a pinned buffer behind an event.
 On the CPU the same code runs eagerly (graphs off by default) and returns ready handles.
+
+Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a batch whose
+`token_outputs` names them runs the heads on the final hidden states of every token, in the same
+pass (a graph of its own per configuration, keyed apart from the dense-only one, so dense-only
+batches run exactly the graphs they ran before), and its handle carries the results as `extras`
+({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
 from rose_backend.models import build_model
+from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
 
 log = logging.getLogger(__name__)
@@ -112,6 +119,7 @@ class Engine:
         self.attention = None if attention in (None, "auto") else attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
         self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
+        self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
         self._backends: dict[str, AttentionBackend] = {}
         if self.attention is not None:
             self._backend(self.attention)                     # fail early on a backend that cannot run
@@ -181,6 +189,10 @@ class Engine:
         if batch.max_seqlen > self.max_len:
             raise ValueError(f"a sequence of {batch.max_seqlen} tokens is longer than this model's "
                              f"{self.max_len} positions; truncate it (the tokenizer's max_seq_length)")
+        want = batch.token_outputs
+        if want and self.heads is None:
+            raise HeadsMissing(f"{', '.join(sorted(want))} output asked for, but the model folder "
+                               f"{self.cfg.model_dir} has no sparse_linear / colbert_linear heads")
         st = self.stats
         st.batches += 1
         st.tokens += t
@@ -189,10 +201,17 @@ class Engine:
         key = self.graphs.key_for(s, t) if self.graphs_on else None
         with torch.inference_mode():
             if key is None:
-                out = self._run_unpadded(batch, slot)
+                out = self._run_unpadded(batch, slot, bool(want))
             else:
-                out = self._run_static(batch, key, slot)
-        lt = LazyTensor.launch(out, s, host=slot.out if s <= slot.out.shape[0] else None)
+                out = self._run_static(batch, key, slot, bool(want))
+            extras = {}
+            if want:
+                out, sparse, colbert = out
+                if "sparse" in want:
+                    extras["sparse"] = sparse[:t]                             # [T] f32
+                if "colbert" in want:
+                    extras["colbert"] = colbert[:t]                           # [T, Dc] f32
+        lt = LazyTensor.launch(out, s, host=slot.out if s <= slot.out.shape[0] else None, extras=extras)
         slot.lt = lt
         return lt
 
@@ -227,7 +246,7 @@ class Engine:
         inv[s:] = 0.0
         return o + 2 * sb + 3
 
-    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot) -> torch.Tensor:
+    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot, heads: bool = False):
         sb, tb = key
         st = self.stats
         v = self._views.get(key)
@@ -245,11 +264,14 @@ class Engine:
             longest = max(batch.max_seqlen, tb - batch.num_tokens, 1)
             bound = min(bound, max(64, 1 << (longest - 1).bit_length()))
             key = (sb, tb, bound)
+        plan_key = key
+        if heads:
+            key = (*key, "m3")          # the graph with the heads; the attention plan is shared
         self.last_key = key
         o = 3 * tb
         cu_host = slot.staging[o:o + sb + 2]
         lens = np.diff(slot.np[o:o + sb + 2]).tolist()
-        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=key, cu_seqlens_host=cu_host))
+        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if self.device.type == "cuda":
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()
@@ -261,10 +283,10 @@ class Engine:
         if action == "eager":
             st.eager_runs += 1
             st.capture_refused = self.graphs.refused
-            return self._forward(v)
+            return self._forward(v, heads)
         if action == "capture":
             t0 = time.perf_counter()
-            self.graphs.capture(key, lambda: self._forward(v))
+            self.graphs.capture(key, lambda: self._forward(v, heads))
             st.capture_seconds += time.perf_counter() - t0
             st.graph_captures += 1
             st.graphs = self.graphs.num_captured
@@ -273,14 +295,17 @@ class Engine:
             st.graph_replays += 1
         return self.graphs.replay(key)
 
-    def _forward(self, v: _Views) -> torch.Tensor:
+    def _forward(self, v: _Views, heads: bool = False):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
         cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
         emb = pool(hidden, cu, v.seq, v.inv, self.cfg.pooling)                # [Sb + 1, H] float32
-        return maybe_normalize(emb, self.cfg.normalize)
+        emb = maybe_normalize(emb, self.cfg.normalize)
+        if not heads:
+            return emb
+        return (emb, *self.heads(hidden))                                     # + [Tb] f32, [Tb, Dc] f32
 
-    def _run_unpadded(self, batch: PackedBatch, slot: _Slot) -> torch.Tensor:
+    def _run_unpadded(self, batch: PackedBatch, slot: _Slot, heads: bool = False):
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
         dev = self.device
         st = self.stats
@@ -302,7 +327,10 @@ class Engine:
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
         emb = pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling)           # [S, H] float32
-        return maybe_normalize(emb, self.cfg.normalize)
+        emb = maybe_normalize(emb, self.cfg.normalize)
+        if not heads:
+            return emb
+        return (emb, *self.heads(hidden))                                     # + [T] f32, [T, Dc] f32
 
     # ---- helpers ----
     def precapture(self, configs) -> None:

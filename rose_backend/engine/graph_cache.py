@@ -66,7 +66,12 @@ class CpuGraph:
         self.output = fn()
 
     def replay(self) -> None:
-        self.output.copy_(self.fn())
+        new = self.fn()
+        if isinstance(self.output, tuple):          # several outputs (the heads' graphs)
+            for out, value in zip(self.output, new):
+                out.copy_(value)
+        else:
+            self.output.copy_(new)
 
 
 @dataclass

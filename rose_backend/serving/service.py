@@ -233,7 +233,8 @@ class EmbeddingService:
                 continue
             _free_device_cache()
             try:
-                emb = self.engine.step(b.pack()).synchronize()        # [S, D] float32
+                handle = self.engine.step(b.pack())
+                emb = handle.synchronize()                           # [S, D] float32
             except Exception as e:
                 if is_out_of_memory(e) and b.num_seqs > 1:
                     first, second = b.split()
@@ -248,7 +249,7 @@ class EmbeddingService:
                 continue
             self.stats.batches += 1
             self.stats.batch_tokens += b.num_tokens
-            self._deliver(b, emb)
+            self._deliver(b, emb, getattr(handle, "extras", None))
 
     def _collect(self, block: bool) -> None:
         while self._inflight and (block or self._inflight[0][1].ready()):
@@ -259,18 +260,26 @@ class EmbeddingService:
                 log.exception("collecting a batch failed")
                 self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
             else:
-                self._deliver(batch, emb)
+                self._deliver(batch, emb, getattr(handle, "extras", None))
             block = False                                       # block for the oldest one only
 
-    def _deliver(self, batch: ScheduledBatch, emb: np.ndarray) -> None:
+    def _deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None = None) -> None:
+        token = 0                                                # first token of the piece in the batch
         for p in batch.pieces:
             r = p.request
+            t0, t1 = int(r.offsets[p.first]), int(r.offsets[p.last])
+            token += t1 - t0
             if r.finished:
                 continue
             if r.output is None:
                 r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
             n = p.last - p.first
             r.output[p.first:p.last] = emb[p.row:p.row + n]
+            for name in r.token_outputs:                          # token-level rows, same order
+                rows = extras[name]
+                if name not in r.token_results:
+                    r.token_results[name] = np.empty((r.num_tokens, *rows.shape[1:]), dtype=np.float32)
+                r.token_results[name][t0:t1] = rows[token - (t1 - t0):token]
             r.remaining -= n
             if r.remaining == 0:
                 self._finish(r)

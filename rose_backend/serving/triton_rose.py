@@ -1,4 +1,5 @@
-"""The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS -> EMBEDDINGS.
+"""The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS (+ DIMENSIONS, ENCODING) -> EMBEDDINGS
+(+ SPARSE_IDS, SPARSE_WEIGHTS, SPARSE_LENS, COLBERT, COLBERT_LENS when asked for: serving/outputs.py).
 
 execute() validates each request, admits it into the EmbeddingService pool and returns None; the
 service's loop thread batches, runs the engine and calls back here to send each request exactly
@@ -20,6 +21,8 @@ config.pbtxt parameters (all optional):
     max_request_tokens   tokens per request (default 1048576)
     drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
                          left gets a "shutting down" error (default 20)
+    quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
+                         uint8 (default: quantization_ranges.npy / .json in the model folder, if any)
 
 Error codes: bad input INVALID_ARG; overloaded / shutting down UNAVAILABLE ("retry later");
 cancelled CANCELLED; a failed forward pass INTERNAL. Every request gets exactly one response,
@@ -27,12 +30,14 @@ with the FINAL flag, and nothing after it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
+from rose_backend.serving.outputs import OutputOptions, build_outputs, load_ranges, parse_options, special_token_ids
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService, Unavailable
 from rose_backend.serving.validation import RequestLimits, validate_tokens
@@ -81,6 +86,9 @@ class RoseModel:
                 max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
             )
             self.drain_timeout = params.int("drain_timeout_s", 20, minimum=0)
+            self.normalize = cfg.normalize
+            self.ranges = load_ranges(params.str("quantization_ranges") or None, cfg.model_dir)
+            self.skip_ids = special_token_ids(cfg.model_dir) if self.engine.heads is not None else None
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
@@ -107,7 +115,9 @@ class RoseModel:
                 lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
                 input_ids, seq_lens = validate_tokens(
                     None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy(), self.limits)
-                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled))
+                opts = self._options(request)
+                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
+                                            token_outputs=opts.token_outputs, options=opts))
             except Exception as e:  # every request gets its one FINAL response, whatever went wrong
                 if isinstance(e, Unavailable):
                     code = pb_utils.TritonError.UNAVAILABLE
@@ -120,11 +130,31 @@ class RoseModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
+    def _options(self, request) -> OutputOptions:
+        """The request's outputs, DIMENSIONS and ENCODING (serving/outputs.py); ValueError if bad."""
+        raw = request.parameters()
+        try:
+            params = json.loads(raw) if raw else {}
+        except ValueError:
+            params = {}
+        choice = params.get("outputs")
+        dims = pb_utils.get_input_tensor_by_name(request, "DIMENSIONS")
+        enc = pb_utils.get_input_tensor_by_name(request, "ENCODING")
+        return parse_options(request.requested_output_names(), None if choice is None else str(choice),
+                             None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
+                             self.engine.embedding_dim, self.ranges, self.engine.heads is not None)
+
     _CODES = {"cancelled": "CANCELLED", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
 
     def _respond(self, r: Request) -> None:
         if r.error is None:
-            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", r.output)])
+            try:
+                outputs = build_outputs(r, r.options or _DENSE, self.normalize, self.ranges, self.skip_ids)
+            except Exception as e:
+                log.exception("rose: building the outputs of a request failed")
+                r.error = f"building the outputs failed: {type(e).__name__}: {e}"
+        if r.error is None:
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outputs])
         else:
             code = getattr(pb_utils.TritonError, self._CODES.get(r.error_kind, "INTERNAL"))
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
@@ -134,6 +164,9 @@ class RoseModel:
         log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
         self.service.stop(self.drain_timeout)
         self.metrics.stop()
+
+
+_DENSE = OutputOptions(frozenset({"EMBEDDINGS"}), frozenset())
 
 
 def _parse_precapture(value: str) -> list[tuple[int, int]]:
