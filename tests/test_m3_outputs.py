@@ -205,3 +205,24 @@ def test_dimensions_and_encodings(m3, ranges):
         m3.embed(TEXTS, dimensions=32, encoding="int8")
     with pytest.raises(ServerError, match="DIMENSIONS is 65"):
         m3.embed(TEXTS, dimensions=65)
+
+
+def test_cli_writes_sparse_and_colbert_to_parquet(m3_server, m3, tmp_path):
+    import pyarrow.parquet as pq
+    from rose_client.cli import main
+    texts = [f"{TEXTS[i % len(TEXTS)]} line {i}" for i in range(20)]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out.parquet"
+    assert main([str(src), str(out), "--url", m3_server.grpc_url, "--sparse", "--colbert", "--block", "6",
+                 "--quiet"]) == 0
+    t = pq.read_table(out)
+    assert t.column_names == ["row", "embedding", "sparse_ids", "sparse_weights", "colbert"]
+    want = m3.encode(texts, sparse=True, colbert=True)
+    assert t.column("row").to_pylist() == list(range(len(texts)))
+    np.testing.assert_allclose(np.stack(t.column("embedding").to_numpy(zero_copy_only=False)), want.dense, atol=1e-6)
+    for i, (ids, w, cb) in enumerate(zip(t.column("sparse_ids").to_pylist(), t.column("sparse_weights").to_pylist(),
+                                         t.column("colbert").to_pylist())):
+        assert dict(zip(ids, w)) == pytest.approx(want.sparse[i], abs=1e-6)
+        np.testing.assert_allclose(np.array(cb, dtype=np.float32), want.colbert[i], atol=1e-6)
+    assert main([str(src), str(tmp_path / "x.npy"), "--url", m3_server.grpc_url, "--sparse", "--quiet"]) == 2
