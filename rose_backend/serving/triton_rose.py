@@ -23,8 +23,11 @@ config.pbtxt parameters (all optional):
                          left gets a "shutting down" error (default 20)
     quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
                          uint8 (default: quantization_ranges.npy / .json in the model folder, if any)
-    inline_execute       true | false: a request arriving while nothing is queued or running is run
-                         inside execute() itself, with no hand-over to the scheduler thread (default true)
+    inline_execute       auto | true | false: a request arriving while nothing is queued or running is
+                         run inside execute() itself, with no hand-over to the scheduler thread
+                         (default auto: on for a CUDA device; on the CPU the forward pass run on the
+                         stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
+                         contending, so auto leaves it off there)
 Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
 and the summary written to <folder>/rose_<pid>.json when the model unloads (serving/stage_clock.py).
 
@@ -85,9 +88,11 @@ class RoseModel:
                 max_request_seqs=params.int("max_request_seqs", 4096, minimum=1),
                 max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
             )
-            inline = params.str("inline_execute", "true").lower()
-            if inline not in ("true", "false"):
-                raise ValueError(f"parameter 'inline_execute' must be true or false, got {inline!r}")
+            inline = params.str("inline_execute", "auto").lower()
+            if inline not in ("auto", "true", "false"):
+                raise ValueError(f"parameter 'inline_execute' must be auto, true or false, got {inline!r}")
+            if inline == "auto":
+                inline = "true" if self.engine.device.type == "cuda" else "false"
             self.clock = StageClock.from_env("rose")
             self.engine.mark_stages = self.clock is not None
             self.service = EmbeddingService(
