@@ -105,3 +105,5 @@ def test_sparse_and_colbert_post_processing_against_a_loop():
     assert cb_lens.tolist() == [5, 0, 8, 3]
     cu = np.concatenate([[0], np.cumsum(lens)])
     np.testing.assert_array_equal(cb, np.concatenate([vecs[cu[i] + 1:cu[i + 1]] for i in range(len(lens))]))
+    pieces = [(cu[2], vecs[cu[2]:]), (0, vecs[:cu[2]])]              # batches' views, out of order
+    np.testing.assert_array_equal(colbert_outputs(pieces, lens)[0], cb)

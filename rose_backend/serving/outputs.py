@@ -170,11 +170,26 @@ def sparse_outputs(input_ids: np.ndarray, seq_lens: np.ndarray, weights: np.ndar
     return (uniq & 0xFFFFFFFF).astype(np.int32), best.astype(np.float32), lens
 
 
-def colbert_outputs(vectors: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every token's vector but each sequence's first: (COLBERT [T - S, Dc] f32, lens int32 [S])."""
-    first = np.zeros(int(seq_lens.sum()), dtype=bool)
-    first[np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(np.int64)] = True
-    return np.ascontiguousarray(vectors[~first], dtype=np.float32), (seq_lens - 1).astype(np.int32)
+def colbert_outputs(vectors, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every token's vector but each sequence's first: (COLBERT [T - S, Dc] f32, lens int32 [S]).
+    `vectors`: [T, Dc], or its pieces [(first token, rows)] in any order (copied once, here)."""
+    pieces = [(0, vectors)] if isinstance(vectors, np.ndarray) else sorted(vectors, key=lambda p: p[0])
+    keep = np.ones(int(seq_lens.sum()), dtype=bool)
+    keep[np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(np.int64)] = False
+    out = np.empty((int(keep.sum()), pieces[0][1].shape[1]), dtype=np.float32)
+    row = 0
+    for t0, rows in pieces:
+        k = keep[t0:t0 + len(rows)]
+        n = int(k.sum())
+        np.compress(k, rows, axis=0, out=out[row:row + n])
+        row += n
+    return out, (seq_lens - 1).astype(np.int32)
+
+
+def joined(pieces) -> np.ndarray:
+    """[(first token, rows)] -> the rows in token order, one array."""
+    pieces = sorted(pieces, key=lambda p: p[0])
+    return pieces[0][1] if len(pieces) == 1 else np.concatenate([r for _, r in pieces])
 
 
 def build_outputs(request, opts: OutputOptions, normalize: bool, ranges: np.ndarray | None,
@@ -184,7 +199,8 @@ def build_outputs(request, opts: OutputOptions, normalize: bool, ranges: np.ndar
     if "EMBEDDINGS" in opts.names:
         out.append(("EMBEDDINGS", dense_output(request.output, opts, normalize, ranges)))
     if "sparse" in opts.token_outputs:
-        ids, w, lens = sparse_outputs(request.input_ids, request.seq_lens, request.token_results["sparse"], skip_ids)
+        ids, w, lens = sparse_outputs(request.input_ids, request.seq_lens, joined(request.token_results["sparse"]),
+                                      skip_ids)
         out += [(n, a) for n, a in zip(SPARSE_OUTPUTS, (ids, w, lens)) if n in opts.names]
     if "colbert" in opts.token_outputs:
         vecs, lens = colbert_outputs(request.token_results["colbert"], request.seq_lens)

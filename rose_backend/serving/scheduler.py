@@ -33,7 +33,7 @@ class Request:
     next_seq: int = field(init=False, default=0)     # first sequence not yet scheduled
     remaining: int = field(init=False)               # sequences not yet computed
     output: np.ndarray | None = field(init=False, default=None)   # [S, D] float32, filled as batches finish
-    token_results: dict = field(init=False, default_factory=dict)  # name -> [T, ...] float32, likewise
+    token_results: dict = field(init=False, default_factory=dict)  # name -> [(first token, rows view)]
     error: str | None = field(init=False, default=None)
     error_kind: str = field(init=False, default="internal")   # internal | unavailable | cancelled
     admitted_at: float = field(init=False, default_factory=time.monotonic)

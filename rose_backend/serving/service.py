@@ -350,11 +350,8 @@ class EmbeddingService:
                 r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
             n = p.last - p.first
             r.output[p.first:p.last] = emb[p.row:p.row + n]
-            for name in r.token_outputs:                          # token-level rows, same order
-                rows = extras[name]
-                if name not in r.token_results:
-                    r.token_results[name] = np.empty((r.num_tokens, *rows.shape[1:]), dtype=np.float32)
-                r.token_results[name][t0:t1] = rows[token - (t1 - t0):token]
+            for name in r.token_outputs:        # token-level rows: views kept, copied once when built
+                r.token_results.setdefault(name, []).append((t0, extras[name][token - (t1 - t0):token]))
             r.remaining -= n
             if r.remaining == 0:
                 self._finish(r)
