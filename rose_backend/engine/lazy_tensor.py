@@ -35,7 +35,9 @@ class LazyTensor:
         rows = src.shape[0] if rows is None else rows
         if src.device.type != "cuda":
             lt = cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
-            lt.extras = {k: v.detach().float().cpu().numpy() for k, v in (extras or {}).items()}
+            # copies: a graph's static outputs are overwritten by its next replay, and the serving
+            # layer keeps these rows until their request is answered
+            lt.extras = {k: v.detach().to("cpu", torch.float32, copy=True).numpy() for k, v in (extras or {}).items()}
             return lt
         if host is None:
             host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
