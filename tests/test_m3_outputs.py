@@ -226,3 +226,18 @@ def test_cli_writes_sparse_and_colbert_to_parquet(m3_server, m3, tmp_path):
         assert dict(zip(ids, w)) == pytest.approx(want.sparse[i], abs=1e-6)
         np.testing.assert_allclose(np.array(cb, dtype=np.float32), want.colbert[i], atol=1e-6)
     assert main([str(src), str(tmp_path / "x.npy"), "--url", m3_server.grpc_url, "--sparse", "--quiet"]) == 2
+
+
+def test_asyncio_client_encode_equals_the_sync_one(m3_server, m3):
+    import asyncio
+    from rose_client import AsyncEmbeddingClient
+
+    async def go():
+        async with AsyncEmbeddingClient(m3_server.grpc_url, token_budget=48) as ac:
+            return await ac.encode(TEXTS, sparse=True, colbert=True), await ac.embed(TEXTS, dimensions=8)
+    got, short = asyncio.run(go())
+    want = m3.encode(TEXTS, sparse=True, colbert=True)
+    np.testing.assert_allclose(got.dense, want.dense, atol=1e-6)
+    assert all(g == pytest.approx(w, abs=1e-6) for g, w in zip(got.sparse, want.sparse))
+    assert all(np.allclose(g, w, atol=1e-6) for g, w in zip(got.colbert, want.colbert))
+    np.testing.assert_allclose(short, m3.embed(TEXTS, dimensions=8), atol=1e-6)
