@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
+import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -303,13 +306,15 @@ def test_three_servers_equal_one_server_in_order_and_survive_a_kill(three):
         def killer():
             while sum(s["chunks"] for s in c.stats().values()) < before + 10:
                 time.sleep(0.005)
-            victim.proc.kill()
+            os.killpg(victim.proc.pid, signal.SIGKILL)   # the server and its Python stubs (one group)
 
         k = threading.Thread(target=killer)
         k.start()
         out2 = c.embed(texts)
         k.join()
-        assert victim.proc.poll() is not None
+        assert victim.proc.wait(10) is not None
+        for seg in glob.glob(f"/dev/shm/rose_{os.getpid()}_{victim.ports.grpc}_*"):   # a killed server's
+            os.unlink(seg)
         assert out2.shape == (3000, 384) and cos_dist(out2, ref).max() <= 1e-5
         assert c.stats()[victim.grpc_url]["failures"] >= 1
 
