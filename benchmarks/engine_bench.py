@@ -24,7 +24,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.graph_cache import token_buckets
-from rose_backend.layers import activation, norm
+from rose_backend.layers import fused
 from tests.gpu.models import make_bge_m3_folder
 
 REF: list = []                 # an unpadded eager engine, for a correctness check per configuration
@@ -135,13 +135,11 @@ def main():
     res["kernels"] = count_kernels(eng, 1, 512)
     print("kernels per layer", res["kernels"]["per_layer"], res["kernels"]["per_layer_names"], flush=True)
     if args.unfused:
-        norm.AddLayerNorm.fused = False
-        activation.linear_act.fused = False
+        fused.enabled = False
         eng2 = Engine(cfg, "cuda", max_tokens=65536, max_seqs=128)
         res["unfused_configs"] = [per_config(eng2, rng, s, n) for s, n in CONFIGS[:2] + CONFIGS[-1:]]
         res["unfused_kernels"] = count_kernels(eng2, 1, 512)["per_layer"]
-        norm.AddLayerNorm.fused = True
-        activation.linear_act.fused = True
+        fused.enabled = True
         del eng2
         print("unfused", res["unfused_configs"], flush=True)
     res["stats_after"] = str(eng.stats)

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rose_backend.layers.attention import AttentionShape, available_backends  # noqa: E402
+from rose_backend.layers import fused  # noqa: E402
 from rose_backend.models import qwen3  # noqa: E402
 from tests.qwen3_folders import PackedForward, qwen3_model_config, random_qwen3  # noqa: E402
 
@@ -71,7 +72,7 @@ def main() -> None:
         if kernels == "flashinfer" and qwen3.flashinfer is None:
             print("flashinfer not installed: skipping its kernels", flush=True)
             continue
-        qwen3.USE_FLASHINFER = kernels == "flashinfer"
+        fused.enabled = kernels == "flashinfer"
         for n_seqs, seq_len in SHAPES:
             t0 = time.time()
             # as the engine does: flashinfer's workspace holds at most 8192 tokens, past that torch varlen

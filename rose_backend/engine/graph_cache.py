@@ -26,7 +26,10 @@ from typing import Callable
 
 import torch
 
-Key = tuple[int, int]          # (sequence-count bucket, token bucket)
+# (sequence-count bucket, token bucket), plus a max_seqlen bound for backends whose launch grid
+# follows it, plus "m3" for the graph that also runs BGE-M3's heads (the engine adds both; see
+# Engine._run_static)
+Key = tuple[int, int] | tuple[int, int, int] | tuple  # (sb, tb[, bound][, "m3"])
 
 
 def token_buckets(max_tokens: int, small: int = 64, switch: int = 1024, big: int = 256) -> list[int]:

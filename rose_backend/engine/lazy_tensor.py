@@ -28,10 +28,12 @@ class LazyTensor:
 
     @classmethod
     def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None,
+               event: "torch.cuda.Event | None" = None,
                extras: dict[str, torch.Tensor] | None = None) -> "LazyTensor":
         """Queue src[:rows] -> host. `host`, if given, is a (pinned) buffer of at least src's shape
-        that nothing else writes until this handle is synchronized or detached. `extras`: named
-        device tensors (already cut to their real rows) copied back behind the same event."""
+        that nothing else writes until this handle is synchronized or detached; `event`, if given,
+        is recorded after the copy (the owner of a buffer ring reuses one per buffer). `extras`:
+        named device tensors (already cut to their real rows) copied back behind the same event."""
         rows = src.shape[0] if rows is None else rows
         if src.device.type != "cuda":
             lt = cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
@@ -46,7 +48,7 @@ class LazyTensor:
         for k, v in (extras or {}).items():                   # pinned (cached by torch's host allocator)
             copies[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
             copies[k].copy_(v, non_blocking=True)
-        event = torch.cuda.Event()
+        event = event or torch.cuda.Event()
         event.record()
         return cls(host, event, rows, copies)
 

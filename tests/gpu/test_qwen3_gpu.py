@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rose_backend.layers.attention import available_backends
+from rose_backend.layers import fused
 from rose_backend.models import qwen3
 from tests.qwen3_folders import PackedForward, qwen3_model_config, random_qwen3
 
@@ -49,7 +50,7 @@ def test_0p6b_bf16_eager_and_graph_match_float32(models, kernels, monkeypatch):
     cfg, ref, fast = models
     if kernels == "flashinfer" and qwen3.flashinfer is None:
         pytest.skip("flashinfer is not installed")
-    monkeypatch.setattr(qwen3, "USE_FLASHINFER", kernels == "flashinfer")
+    monkeypatch.setattr(fused, "enabled", kernels == "flashinfer")
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (sum(LENS),), generator=gen)
 
