@@ -1,7 +1,8 @@
 """BGE-M3's three outputs vs dense only, through Triton: what sparse + ColBERT cost per request.
 
-Starts one tritonserver on a BGE-M3-style folder (a real one with --model, else a random-weight
-one written by rose_backend.testing.m3_folders at --shape) and sends pre-tokenized requests
+Starts one tritonserver on a BGE-M3-style folder (a real one with --model; else --shape bge-m3: the
+benchmarks' random BGE-M3 folder, rose_backend.testing.folders, plus random heads; --shape tiny: a
+small XLM-R from rose_backend.testing.m3_folders, for a CPU smoke run) and sends pre-tokenized requests
 (random ids) straight to `rose` over a gRPC stream, one at a time, alternating between
     dense   outputs [EMBEDDINGS]
     all     outputs [EMBEDDINGS, SPARSE_*, COLBERT, COLBERT_LENS], parameter outputs=sparse,colbert
@@ -32,10 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "ensemble")]
 from rose_backend.launcher import TritonProcess, free_ports, repository_copy, DEFAULT_REPOSITORY  # noqa: E402
 from rose_client.transport import StreamConnection  # noqa: E402
 
-SHAPES = {  # name -> make_m3_folder arguments
-    "bge-m3": dict(hidden=1024, layers=24, heads=16, max_positions=8192, max_seq_length=8192),
-    "tiny": dict(hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512),
-}
+SHAPES = ("bge-m3", "tiny")
 CELLS = [(1, 128), (100, 512)]
 ALL = ["EMBEDDINGS", "SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT", "COLBERT_LENS"]
 
@@ -57,7 +55,7 @@ def request(conn, seqs: int, tokens: int, outputs, rng, vocab: int):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a BGE-M3 folder (with sparse_linear.pt, colbert_linear.pt)")
-    ap.add_argument("--shape", default="bge-m3", choices=sorted(SHAPES), help="random folder shape without --model")
+    ap.add_argument("--shape", default="bge-m3", choices=SHAPES, help="random folder shape without --model")
     ap.add_argument("--iters", type=int, default=30, help="measured requests per cell and mode")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
@@ -66,8 +64,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rose-retrieval-") as tmp:
         folder = args.model
         if folder is None:
-            from rose_backend.testing.m3_folders import make_m3_folder
-            folder = str(make_m3_folder(Path(tmp) / "m3", **SHAPES[args.shape]))
+            folder = str(random_folder(args.shape, Path(tmp) / "m3"))
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
         repo = repository_copy(DEFAULT_REPOSITORY, Path(tmp) / "repo", {})
         log = Path(tmp) / "server.log"
@@ -94,6 +91,17 @@ def main() -> int:
     path.write_text(json.dumps(report, indent=2))
     print(f"saved {path}")
     return 0
+
+
+def random_folder(shape: str, path: Path) -> Path:
+    from rose_backend.testing.m3_folders import make_m3_folder, write_heads
+    if shape == "tiny":
+        return make_m3_folder(path, hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512)
+    import torch
+    from rose_backend.testing.folders import make_folder
+    make_folder("bge-m3", path, device="cuda" if torch.cuda.is_available() else "cpu")
+    write_heads(path, 1024, 1024)
+    return path
 
 
 def run(url: str, args, vocab: int) -> list[dict]:

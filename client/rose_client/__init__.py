@@ -5,7 +5,9 @@
     emb = client.embed(["hello world"], task="query")     # float32 [1, D]
     r = client.encode(["hello world"], sparse=True, colbert=True)   # BGE-M3: r.dense, r.sparse, r.colbert
 """
-from rose_client.client import AllReplicasDown, AsyncEmbeddingClient, EmbeddingClient
+from rose_client.async_client import AsyncEmbeddingClient
+from rose_client.client import EmbeddingClient
+from rose_client.dispatch import AllReplicasDown
 from rose_client.encoded import Encoded
 from rose_client.transport import ConnectionLost, ServerError, StreamConnection
 

@@ -1,6 +1,6 @@
 """LayerNorm / RMSNorm with the residual add folded in: norm(x + residual).
 
-On CUDA, AddLayerNorm runs one Triton kernel (layers/triton_kernels.py): the add, the statistics
+On CUDA, AddLayerNorm runs one Triton kernel (layers/fused_kernels.py): the add, the statistics
 in float32 and the affine in one pass; AddRMSNorm runs flashinfer's fused_add_rmsnorm (bf16/fp16).
 On the CPU (or with layers.fused.enabled False) both are plain torch.
 """
@@ -14,8 +14,8 @@ from rose_backend.layers import fused
 
 
 def _triton():
-    from rose_backend.layers import triton_kernels
-    return triton_kernels
+    from rose_backend.layers import fused_kernels
+    return fused_kernels
 
 
 class AddLayerNorm(nn.LayerNorm):

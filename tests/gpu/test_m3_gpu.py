@@ -11,26 +11,30 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.folders import make_folder
 from rose_backend.testing.m3_folders import write_heads
-from tests.gpu.models import HFReference, cos_gap, make_bge_m3_folder
+from rose_backend.testing.reference import Reference
+
+
+def cos_gap(a, b) -> float:
+    return float(cos_dist(a, b).max())
 
 
 @pytest.fixture(scope="module")
 def folder(gpu_tmp):
-    path = make_bge_m3_folder(gpu_tmp / "bge-m3-heads")
+    path = make_folder("bge-m3", gpu_tmp / "bge-m3-heads", device="cuda")
     if not (path / "colbert_linear.pt").exists():
         write_heads(path, 1024, 1024, seed=0)
     return path
 
 
-def reference_tokens(ref: HFReference, heads, token_lists):
+def reference_tokens(ref: Reference, heads, token_lists):
     """Per token, float32: relu(sparse_linear(h)) [T] and normalize(colbert_linear(h)) [T, Dc]."""
     sparse, colbert = [], []
     with torch.inference_mode():
         for ids in token_lists:
-            x = torch.tensor([list(ids)], device="cuda")
-            h = ref.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0].float()
-            s, c = heads(h)
+            s, c = heads(ref.hidden(ids).to("cuda"))
             sparse.append(s.cpu().numpy())
             colbert.append(c.cpu().numpy())
     return np.concatenate(sparse), np.concatenate(colbert)
@@ -44,8 +48,8 @@ def test_bge_m3_heads_against_float32_reference(folder):
     lens = np.array([128, 512, 7, 300, 1, 64], dtype=np.int32)
     ids = rng.integers(4, cfg.vocab_size - 1, size=int(lens.sum()), dtype=np.int32)
     token_lists = np.split(ids, np.cumsum(lens)[:-1])
-    ref = HFReference(cfg)
-    ref_dense = ref.embed(token_lists).numpy()
+    ref = Reference(cfg.model_dir, device="cuda")
+    ref_dense = ref.embed(token_lists)
     ref_sparse, ref_colbert = reference_tokens(ref, eng.heads, token_lists)
     report = []
     for attempt in ("eager", "capture", "replay"):
