@@ -162,12 +162,11 @@ def run(args) -> int:
         raise CliError(f"{src} does not exist")
     if ".parquet" in (src.suffix, out.suffix):
         _require_pyarrow()                      # before any work, not after embedding everything
-    rich = args.sparse or args.colbert or args.dense_off
+    rich, ext = _outputs(args)
     if rich and out.suffix != ".parquet":
         raise CliError("--sparse / --colbert / --dense-off write a .parquet output")
     if args.dense_off and not (args.sparse or args.colbert):
         raise CliError("--dense-off needs --sparse or --colbert")
-    ext = ".parquet" if rich else ".npy"
     partial = out.with_name(out.name + ".partial")
     st = src.stat()
     manifest = {"input": str(src.resolve()), "input_bytes": st.st_size, "input_mtime_ns": st.st_mtime_ns,
@@ -226,8 +225,15 @@ def _drop_if_empty(partial: Path, created: bool) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
+def _outputs(args) -> tuple[bool, str]:
+    """(BGE-M3 outputs asked for, the parts' file suffix)."""
+    rich = bool(args.sparse or args.colbert or args.dense_off)
+    return rich, ".parquet" if rich else ".npy"
+
+
 def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_blocks: int) -> int:
     """Embed the blocks from `done_blocks` on into `partial`, then join them into `out`."""
+    rich, ext = _outputs(args)
     n = count_rows(src, args.field)
     if n == 0:
         raise CliError(f"{src} holds no texts")
