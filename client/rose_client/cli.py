@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from rose_client.client import EmbeddingClient
-from rose_client.tables import encoded_table, join_parquet
+from rose_client.tables import join_parquet, write_part
 
 INPUTS = (".txt", ".jsonl", ".parquet")
 OUTPUTS = (".npy", ".parquet")
@@ -257,12 +257,7 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
                 nonlocal k, embedded
                 emb = inflight.popleft().result()
                 if rich:
-                    import pyarrow.parquet as pq
-                    table = encoded_table(emb, k * args.block)
-                    tmp = partial / f"part-{k:06d}.parquet.tmp"
-                    pq.write_table(table, tmp)
-                    os.replace(tmp, partial / f"part-{k:06d}.parquet")
-                    done = table.num_rows
+                    done = write_part(partial / f"part-{k:06d}.parquet", emb, k * args.block)
                 else:
                     write_atomic(partial / f"part-{k:06d}.npy", emb.astype(np.float32, copy=False))
                     done = len(emb)
@@ -293,10 +288,8 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
     bar.close()
     parts = sorted(partial.glob(f"part-*{ext}"))
     if rich:
-        tmp = out.with_name(out.name + ".tmp")
-        if join_parquet(parts, tmp) != n:
+        if join_parquet(parts, out) != n:
             raise CliError(f"internal error: parts do not hold the input's {n} rows")
-        os.replace(tmp, out)
         dim = "+".join(k for k, on in (("dense", not args.dense_off), ("sparse", args.sparse),
                                        ("colbert", args.colbert)) if on)
     else:

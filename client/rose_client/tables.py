@@ -6,6 +6,9 @@ int32 and `sparse_weights` list of float32 (when sparse: the input's token ids a
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 
 from rose_client.encoded import Encoded
@@ -33,14 +36,26 @@ def encoded_table(res: Encoded, first_row: int):
     return pa.table(cols)
 
 
-def join_parquet(parts, out) -> int:
-    """Concatenate parquet parts (same schema) into `out`; returns the number of rows."""
+def write_part(path: Path, res: Encoded, first_row: int) -> int:
+    """One block's table to `path` (written aside, then renamed); returns its rows."""
     import pyarrow.parquet as pq
 
-    rows = 0
-    with pq.ParquetWriter(out, pq.read_schema(parts[0])) as w:
+    table = encoded_table(res, first_row)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return table.num_rows
+
+
+def join_parquet(parts, out: Path) -> int:
+    """Concatenate parquet parts (same schema) into `out` (written aside, then renamed); returns the rows."""
+    import pyarrow.parquet as pq
+
+    rows, tmp = 0, out.with_name(out.name + ".tmp")
+    with pq.ParquetWriter(tmp, pq.read_schema(parts[0])) as w:
         for p in parts:
             t = pq.read_table(p)
             w.write_table(t)
             rows += t.num_rows
+    os.replace(tmp, out)
     return rows
