@@ -101,9 +101,13 @@ def test_dimensions(oa, sentence_model):
     assert got.shape == (3, 64)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-5)
     assert_close(got, full / np.linalg.norm(full, axis=1, keepdims=True))
-    with pytest.raises(openai.BadRequestError) as e:
-        oa.embeddings.create(input=TEXTS, model=MODEL, dimensions=1000)
-    assert e.value.body["param"] == "dimensions" and "384" in e.value.body["message"]
+    ids = sentence_model.tokenizer(TEXTS)["input_ids"]              # token ids: cut in the gateway
+    assert_close(rows(oa.embeddings.create(input=ids, model=MODEL, dimensions=64, encoding_format="float")),
+                 full / np.linalg.norm(full, axis=1, keepdims=True))
+    for inp in (TEXTS, ids):
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.embeddings.create(input=inp, model=MODEL, dimensions=1000)
+        assert e.value.body["param"] == "dimensions" and "384" in e.value.body["message"]
 
 
 def test_dimensions_refused_for_a_model_that_does_not_normalise():

@@ -67,7 +67,12 @@ def test_replicas_down_then_back():
         b.start()                                              # one back, on the same ports: recovery
         b.wait_ready()
         print(f"recovered {wait_for_200(gw):.2f} s after the replica was ready")
-        assert httpx.get(gw.url + "/health", timeout=30).status_code == 200
+        for _ in range(50):                                    # /health follows within a few seconds
+            health = httpx.get(gw.url + "/health", timeout=30)
+            if health.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert health.status_code == 200, health.text
         a.start()
         a.wait_ready()
         for i in range(4):

@@ -107,13 +107,14 @@ class Gateway:
     async def embeddings(self, request: Request) -> Response:
         req = parse_embedding_request(await self.read_json(request), self.settings.max_inputs)
         self.check_model(req.model)
-        check_dimensions(req.dimensions, self.model.normalizes)
+        if req.texts is None:                        # token ids: Matryoshka cut here (see embeddings.py)
+            check_dimensions(req.dimensions, self.model.normalizes)
         if req.texts is not None:
             await self._learn_server_settings()
             self.model.check_task(req.task)
             counts_first = not req.truncate or len(req.texts) > COUNT_INLINE
             counts = await self._count(req) if counts_first else None
-            call = asyncio.ensure_future(self.client.embed(req.texts, task=req.task))
+            call = asyncio.ensure_future(self._embed_texts(req))
             if counts is None:
                 await asyncio.sleep(0)               # let the call go out, then count while it runs
                 try:
@@ -129,12 +130,20 @@ class Gateway:
             emb = await call
         except Exception as e:
             raise from_triton(e, self.settings.retry_after) from None
-        emb = cut_dimensions(emb, req.dimensions, self.model.normalizes)
+        if req.texts is None:
+            emb = cut_dimensions(emb, req.dimensions, self.model.normalizes)
         tokens = sum(counts)
         self.metrics.inputs.inc(req.count)
         self.metrics.tokens.inc(tokens)
         return Response(embedding_response(emb, req.encoding_format, self.name, tokens),
                         media_type="application/json")
+
+    async def _embed_texts(self, req):
+        """Texts through `embed`; `dimensions` goes to the server's DIMENSIONS input (first d values,
+        normalised again when the model normalises)."""
+        if req.dimensions is None:
+            return await self.client.embed(req.texts, task=req.task)
+        return (await self.client.encode(req.texts, dimensions=req.dimensions, task=req.task)).dense
 
     async def _learn_server_settings(self) -> None:
         """The deployment's `tokenize` settings, asked of Triton until one replica answers (at most

@@ -4,9 +4,10 @@
      "dimensions": 128, "encoding_format": "float" | "base64",
      "task": "query", "truncate": true}          <- rose's extensions; unknown fields are ignored
 
-`dimensions`: Matryoshka truncation. The server has no DIMENSIONS input yet, so the gateway keeps the
-first `dimensions` values and renormalises them, which is exactly the model's own output shape only
-when the model normalises its embeddings; for a model that does not, the field is refused (400).
+`dimensions`: Matryoshka truncation. Texts: the server's DIMENSIONS input (the first d values,
+normalised again when the model normalises). Token ids (the client sends `rose` no DIMENSIONS): the
+gateway keeps the first d values and renormalises them, which matches the server only for a model
+that normalises; for one that does not, the field is refused (400).
 `encoding_format: base64`: each embedding as base64 of its little-endian float32 bytes (as OpenAI).
 `truncate` (default true, rose's behaviour): texts over the model's max_seq_length tokens are cut
 there (token-id inputs too); false refuses such an input with 400 naming it.

@@ -48,7 +48,8 @@ def from_triton(exc: BaseException, retry_after: int = 1) -> ApiError:
     """What a failure of rose_client becomes. Server messages name the replica (host:port); they are
     kept, since the gateway's callers are the operators' own applications."""
     if isinstance(exc, ServerError) and not exc.retryable:
-        return ApiError(400, f"the server refused the input: {exc}", param="input", code="server_refused")
+        param = "dimensions" if "DIMENSIONS" in str(exc) else "input"
+        return ApiError(400, f"the server refused the input: {exc}", param=param, code="server_refused")
     if isinstance(exc, (ServerError, AllReplicasDown, ConnectionLost, ConnectionError, TimeoutError)):
         return unavailable(f"the embedding server is unavailable or overloaded, retry later ({exc})", retry_after)
     return ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error")

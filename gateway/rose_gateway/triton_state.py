@@ -18,7 +18,9 @@ class TritonState:
 
     def _client(self, url: str) -> InferenceServerClient:
         if url not in self._clients:
-            self._clients[url] = InferenceServerClient(url)
+            # a channel of its own subchannels: a shared one may still be in gRPC's reconnect backoff
+            # after the server came back, and would fail the check without trying
+            self._clients[url] = InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
         return self._clients[url]
 
     async def replica_status(self, url: str, models: tuple[str, ...] = EMBED_MODELS) -> str:
