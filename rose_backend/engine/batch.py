@@ -10,6 +10,7 @@ import numpy as np
 class PackedBatch:
     input_ids: np.ndarray            # [T] int32, sequences end to end, no padding
     seq_lens: np.ndarray             # [S] int32, each >= 1, summing to T
+    token_type_ids: np.ndarray | None = None   # [T] int32 segment ids (BERT cross-encoders), or None
 
     def __post_init__(self):
         if self.input_ids.ndim != 1 or self.seq_lens.ndim != 1:
@@ -17,6 +18,14 @@ class PackedBatch:
         if int(self.seq_lens.sum()) != self.input_ids.shape[0]:
             raise ValueError(f"seq_lens sum to {int(self.seq_lens.sum())} but there are "
                              f"{self.input_ids.shape[0]} token ids")
+
+    def embedding_positions(self, type_stride: int) -> np.ndarray:
+        """positions() + token type * type_stride: the row of the position-and-segment table of
+        models that read segment ids (models/bert.py); plain positions when there are none."""
+        pos = self.positions()
+        if self.token_type_ids is None or not type_stride:
+            return pos
+        return (pos + self.token_type_ids.astype(np.int32) * np.int32(type_stride)).astype(np.int32)
 
     @property
     def num_tokens(self) -> int:

@@ -23,6 +23,7 @@ from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
 from rose_backend.models import build_model
+from rose_backend.models.heads import build_head
 from rose_backend.models.pooling import maybe_normalize, pool
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,8 @@ class Engine:
         self.attention = None if attention in (None, "auto") else attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
         self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
+        self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
+        self.type_stride = cfg.max_positions if cfg.uses_token_types else 0
         self._backends: dict[str, AttentionBackend] = {}
         if self.attention is not None:
             self._backend(self.attention)                     # fail early on a backend that cannot run
@@ -212,7 +215,7 @@ class Engine:
         a = slot.np
         a[:t] = batch.input_ids
         a[t:tb] = self.cfg.pad_token_id
-        a[tb:tb + t] = batch.positions()
+        a[tb:tb + t] = batch.embedding_positions(self.type_stride)
         a[tb + t:2 * tb] = 0
         a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
         a[2 * tb + t:3 * tb] = sb                                 # padding rows pool into the dummy
@@ -277,8 +280,13 @@ class Engine:
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
         cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
-        emb = pool(hidden, cu, v.seq, v.inv, self.cfg.pooling)                # [Sb + 1, H] float32
-        return maybe_normalize(emb, self.cfg.normalize)
+        return self._output(pool(hidden, cu, v.seq, v.inv, self.cfg.pooling))  # [Sb + 1, D] float32
+
+    def _output(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Pooled [S, H] float32 -> the rows the caller gets: embeddings [S, H] or scores [S, 1]."""
+        if self.head is not None:
+            return self.head(pooled)
+        return maybe_normalize(pooled, self.cfg.normalize)
 
     def _run_unpadded(self, batch: PackedBatch, slot: _Slot) -> torch.Tensor:
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
@@ -291,7 +299,7 @@ class Engine:
         lens = batch.seq_lens
         cu_np = batch.cu_seqlens()
         ids = torch.from_numpy(batch.input_ids.astype(np.int32)).to(dev)
-        positions = torch.from_numpy(batch.positions()).to(dev)
+        positions = torch.from_numpy(batch.embedding_positions(self.type_stride)).to(dev)
         cu_host = torch.from_numpy(cu_np)
         cu = cu_host.to(dev)
         seq_ids = torch.from_numpy(batch.seq_ids()).to(dev)
@@ -301,8 +309,7 @@ class Engine:
         be.plan(AttentionMetadata(cu, batch.max_seqlen, lens.tolist(), self.cfg.causal,
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
-        emb = pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling)           # [S, H] float32
-        return maybe_normalize(emb, self.cfg.normalize)
+        return self._output(pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling))   # [S, D] float32
 
     # ---- helpers ----
     def precapture(self, configs) -> None:
@@ -316,8 +323,10 @@ class Engine:
             for _ in range(2):
                 self.step(PackedBatch(ids, lens)).synchronize()
 
-    def embed(self, token_lists: list[list[int]]) -> np.ndarray:
-        """Convenience for tests and tools: token id lists -> [n, D] float32, in one batch."""
+    def embed(self, token_lists: list[list[int]], type_lists: list[list[int]] | None = None) -> np.ndarray:
+        """Convenience for tests and tools: token id lists (and segment id lists) -> [n, D] float32
+        (scores [n, 1] for a reranker), in one batch."""
         lens = np.array([len(t) for t in token_lists], dtype=np.int32)
         ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
-        return self.step(PackedBatch(ids, lens)).synchronize()
+        types = None if type_lists is None else np.concatenate([np.asarray(t, dtype=np.int32) for t in type_lists])
+        return self.step(PackedBatch(ids, lens, types)).synchronize()
