@@ -33,6 +33,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 MODELS = ("tokenize", "rose", "embed")
+RERANK_MODELS = ("tokenize", "rose", "rerank")
 
 
 class LaunchError(RuntimeError):
@@ -130,6 +131,17 @@ def stub_site(env: dict | None = None) -> str | None:
     return path or None
 
 
+def served_models(model_dir: str | None, env: dict | None = None) -> tuple[str, ...]:
+    """The models of the project's repository a folder is served with: embed, tokenize, rose for an
+    embedding folder; rerank, tokenize, rose for a reranker (kind as rose_backend/model_kind.py
+    decides, $ROSE_MODEL_KIND included)."""
+    from rose_backend.config import ModelConfig, resolve_model_dir
+    env = os.environ if env is None else env
+    folder = model_dir or env.get("ROSE_MODEL_DIR") or None
+    kind = ModelConfig.from_folder(resolve_model_dir(folder), env.get("ROSE_MODEL_KIND") or None).kind
+    return MODELS if kind == "embedding" else RERANK_MODELS
+
+
 @dataclass
 class Ports:
     grpc: int = 8001
@@ -176,8 +188,15 @@ class TritonProcess:
 
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
-                 extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0):
+                 extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
+                 models: tuple[str, ...] | None = None):
+        """models: the repository's models to load (explicit model control). None: for the
+        project's repository, those served_models() picks for the folder; for any other
+        repository (the benchmarks' baselines), every model in it."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
+        self.models = models
+        if models is None and (self.repository / "rose" / "config.pbtxt").exists():
+            self.models = served_models(model_dir, os.environ if env is None else env)
         self.ports, self.address = ports or Ports(), address
         self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
         self.proc: subprocess.Popen | None = None
@@ -192,6 +211,8 @@ class TritonProcess:
                "--exit-timeout-secs=30", f"--log-verbose={self.verbose}"]
         if install.backend_dir is not None:
             cmd.append(f"--backend-directory={install.backend_dir}")
+        if self.models:
+            cmd += ["--model-control-mode=explicit"] + [f"--load-model={m}" for m in self.models]
         return cmd + self.extra_args
 
     def start(self) -> "TritonProcess":
@@ -218,7 +239,8 @@ class TritonProcess:
         except OSError:
             return 0
 
-    def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] = MODELS) -> None:
+    def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] | None = None) -> None:
+        models = models or self.models or MODELS
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -277,8 +299,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="tritonserver processes to start, replica i on ports shifted by 10*i")
     p.add_argument("--gpus", default=os.environ.get("GPUS", ""),
                    help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
+    p.add_argument("--kind", default=os.environ.get("KIND", ""),
+                   help="model kind: auto (default: detected from the folder), embedding, cross-encoder, "
+                        "qwen3-reranker; a reranker serves `rerank` instead of `embed`")
     p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
     args = p.parse_args(argv)
+    if args.kind:
+        os.environ["ROSE_MODEL_KIND"] = args.kind
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     replicas = len(gpus) if gpus else max(1, args.replicas)
@@ -307,10 +334,13 @@ def main(argv: list[str] | None = None) -> int:
             s.wait_ready()
         urls = ",".join(s.grpc_url for s in servers)
         from rose_backend.config import resolve_model_dir
+        reranker = "rerank" in servers[0].models
+        call = "rerank('what is rose?', ['a flower', 'a server'])" if reranker else "embed(['hello world']).shape"
         print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
-              f"{time.monotonic() - t0:.1f} s. Models: embed (text), tokenize, rose (token ids).\n"
+              f"{time.monotonic() - t0:.1f} s. Models: "
+              f"{'rerank (query, documents)' if reranker else 'embed (text)'}, tokenize, rose (token ids).\n"
               f"  python -c \"from rose_client import EmbeddingClient; "
-              f"print(EmbeddingClient('{urls}').embed(['hello world']).shape)\"\n"
+              f"print(EmbeddingClient('{urls}').{call})\"\n"
               f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n",
               flush=True)
         while not stopping and all(s.proc.poll() is None for s in servers):

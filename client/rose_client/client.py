@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rose_client.chunking import TextTokenCounter, chunk_ranges, estimate_text_tokens
+from rose_client.rerank import pair_chunks, ranked
 from rose_client.transport import ServerError, StreamConnection
 
 
@@ -90,7 +91,8 @@ class _Attempt:
 
 
 class EmbeddingClient:
-    """Client of the `embed` ensemble (texts) and the `rose` model (token ids) over gRPC streams.
+    """Client of the `embed` ensemble (texts), the `rose` model (token ids) and, for a reranker
+    deployment, the `rerank` ensemble (query + documents -> scores) over gRPC streams.
 
     urls: "host:port,host:port" or a list (one per replica). token_budget: tokens per chunk
     (default 2048). max_chunk_seqs: sequences per chunk. max_inflight_tokens: tokens outstanding per
@@ -101,12 +103,13 @@ class EmbeddingClient:
     """
 
     def __init__(self, urls: str | list[str], model: str = "embed", token_model: str = "rose",
-                 timeout: float = 300.0, token_budget: int = 2048, max_chunk_seqs: int = 512,
+                 rerank_model: str = "rerank", timeout: float = 300.0, token_budget: int = 2048, max_chunk_seqs: int = 512,
                  max_inflight_tokens: int = 32768, tokenizer: str | None = None,
                  max_text_tokens: int = 512, chunk_timeout: float = 120.0, retries: int = 4,
                  backoff: float = 0.1, max_backoff: float = 5.0, max_chunk_bytes: int = 16 << 20):
         self.urls = parse_urls(urls)
         self.model, self.token_model, self.timeout = model, token_model, timeout
+        self.rerank_model = rerank_model
         self.token_budget, self.max_chunk_seqs = token_budget, max_chunk_seqs
         self.max_inflight_tokens, self.max_chunk_bytes = max_inflight_tokens, max_chunk_bytes
         self.chunk_timeout, self.retries = chunk_timeout, max(1, retries)
@@ -128,6 +131,20 @@ class EmbeddingClient:
     def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
         """Embed pre-tokenized sequences (with the model's special tokens); float32 [n, D]."""
         return self._run_sync(self.token_model, self._token_chunks(token_lists), len(token_lists))
+
+    def rerank(self, query: str, documents: list[str], top_k: int | None = None,
+               return_documents: bool = False, instruction: str | None = None):
+        """Score each document against the query with a reranker deployment (`rerank`).
+
+        Returns float32 [len(documents)] scores in document order; with top_k (or
+        return_documents), a list of (index, score) -- (index, score, document) with
+        return_documents -- best first, top_k long (all documents when top_k is None).
+        Large lists are chunked and spread over the replicas like embed(). instruction: the task
+        instruction of models that take one (Qwen3-Reranker)."""
+        chunks = pair_chunks(self, query, documents, instruction, _Chunk)
+        scores = self._run_sync(self.rerank_model, chunks, len(documents), "SCORES")[:, 0] if chunks \
+            else np.zeros(0, np.float32)
+        return ranked(scores, list(documents), top_k, return_documents)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Token counts used for chunking: exact with a tokenizer, else the bytes/4 + 2 estimate."""
@@ -179,9 +196,9 @@ class EmbeddingClient:
                        [("INPUT_IDS", flat[offs[s]:offs[e]]), ("SEQ_LENS", lens[s:e])]) for s, e in ranges]
 
     # ----------------------------------------------------------------------------- driving a call
-    def _run_sync(self, model: str, chunks: list[_Chunk], n: int) -> np.ndarray:
+    def _run_sync(self, model: str, chunks: list[_Chunk], n: int, output: str = "EMBEDDINGS") -> np.ndarray:
         event = threading.Event()
-        job = _Job(self, model, chunks, n, event.set)
+        job = _Job(self, model, chunks, n, event.set, output)
         try:
             while True:
                 event.clear()
@@ -229,8 +246,10 @@ class _Job:
     """One call's chunks in flight. `step()` does all the work and returns how long to wait for the
     next event (None: finished); the sync and the asyncio client only differ in how they wait."""
 
-    def __init__(self, client: EmbeddingClient, model: str, chunks: list[_Chunk], n: int, wake):
+    def __init__(self, client: EmbeddingClient, model: str, chunks: list[_Chunk], n: int, wake,
+                 output: str = "EMBEDDINGS"):
         self.client, self.model, self.n, self.wake = client, model, n, wake
+        self.output_name = output                        # EMBEDDINGS [n, D], or SCORES [n] (kept as [n, 1])
         self.todo: list[_Chunk] = list(chunks)           # waiting to be sent, in input order
         self.chunks = chunks
         self.inflight: set[_Attempt] = set()
@@ -297,7 +316,9 @@ class _Job:
         chunk, r = att.chunk, att.replica
         exc = att.fut.exception()
         if exc is None:
-            out = att.fut.result()["EMBEDDINGS"]
+            out = att.fut.result()[self.output_name]
+            if self.output_name == "SCORES" and out.ndim == 1:
+                out = out[:, None]
             rows = chunk.end - chunk.start
             if out.ndim != 2 or out.shape[0] != rows:
                 raise ServerError(f"{r.url}: answered {out.shape} for a chunk of {rows} inputs")
@@ -375,10 +396,18 @@ class AsyncEmbeddingClient:
     async def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
         return await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists))
 
+    async def rerank(self, query: str, documents: list[str], top_k: int | None = None,
+                     return_documents: bool = False, instruction: str | None = None):
+        """See EmbeddingClient.rerank."""
+        chunks = pair_chunks(self.sync, query, documents, instruction, _Chunk)
+        scores = (await self._run(self.sync.rerank_model, chunks, len(documents), "SCORES"))[:, 0] if chunks \
+            else np.zeros(0, np.float32)
+        return ranked(scores, list(documents), top_k, return_documents)
+
     def stats(self):
         return self.sync.stats()
 
-    async def _run(self, model, chunks, n) -> np.ndarray:
+    async def _run(self, model, chunks, n, output: str = "EMBEDDINGS") -> np.ndarray:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -388,7 +417,7 @@ class AsyncEmbeddingClient:
             except RuntimeError:          # the loop is closed: nobody is waiting any more
                 pass
 
-        job = _Job(self.sync, model, chunks, n, wake)
+        job = _Job(self.sync, model, chunks, n, wake, output)
         try:
             while True:
                 event.clear()

@@ -1,10 +1,14 @@
-"""The `tokenize` Triton model: TEXT (+ optional TASK) -> INPUT_IDS, SEQ_LENS (ragged, no padding).
+"""The `tokenize` Triton model: TEXT (+ optional TASK) -> INPUT_IDS, SEQ_LENS (ragged, no padding);
+for a reranker folder also QUERY + DOCUMENTS (+ optional INSTRUCTION) -> INPUT_IDS, SEQ_LENS,
+TOKEN_TYPE_IDS of the query-document pairs (pair_tokenization.py), one sequence per document.
 
 config.pbtxt parameters: model_dir (default: $ROSE_MODEL_DIR, else the default model),
 prompts (JSON {name: prefix}, added to / overriding the model's), default_prompt_name,
 max_seq_length (default: the model's), max_text_bytes (texts are cut to this many bytes before
 tokenizing, so a huge string costs no more than a long one; default 65536), max_request_texts
-(texts per request, default 4096; more is refused with an error naming the limit).
+(texts per request, default 4096; more is refused with an error naming the limit; for pairs, documents
+per request), model_kind (auto | embedding | cross-encoder | qwen3-reranker; default $ROSE_MODEL_KIND,
+else detected from the folder).
 Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
@@ -14,6 +18,7 @@ import triton_python_backend_utils as pb_utils
 from rose_backend.config import resolve_model_dir
 from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
+from rose_ensemble.pair_tokenization import PairTokenizer
 from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
 
 
@@ -22,14 +27,20 @@ class TokenizeModel:
         check_numpy_interop(pb_utils, "tokenize")
         params = ModelParameters(args["model_config"])
         try:
+            model_dir = resolve_model_dir(params.str("model_dir") or None)
             self.tokenizer = TextTokenizer.from_folder(
-                resolve_model_dir(params.str("model_dir") or None),
+                model_dir,
                 max_seq_length=params.int("max_seq_length", 0, minimum=0) or None,
                 prompts=parse_prompts(params.str("prompts")),
                 default_prompt_name=params.str("default_prompt_name") or None,
                 max_text_bytes=params.int("max_text_bytes", 65536, minimum=0),
                 max_texts=params.int("max_request_texts", 4096, minimum=1),
             )
+            from rose_backend.config import ModelConfig
+            kind = ModelConfig.from_folder(model_dir, params.str("model_kind") or None).kind
+            self.pairs = None if kind == "embedding" else PairTokenizer.from_folder(
+                model_dir, kind, max_seq_length=params.int("max_seq_length", 0, minimum=0) or None,
+                max_text_bytes=self.tokenizer.max_text_bytes, max_texts=self.tokenizer.max_texts)
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
 
@@ -38,6 +49,10 @@ class TokenizeModel:
 
     def _one(self, request):
         try:
+            query = pb_utils.get_input_tensor_by_name(request, "QUERY")
+            documents = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS")
+            if query is not None or documents is not None:
+                return self._pairs(request, query, documents)
             text = pb_utils.get_input_tensor_by_name(request, "TEXT")
             if text is None:
                 raise InputError("missing input TEXT")
@@ -58,3 +73,21 @@ class TokenizeModel:
         except Exception as e:  # never fail the whole batch of requests for one request's sake
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(
                 f"tokenize: {type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL))
+
+    def _pairs(self, request, query, documents):
+        if self.pairs is None:
+            raise InputError("this model is an embedding model, not a reranker: send TEXT (the `embed` model)")
+        if query is None or documents is None:
+            raise InputError(f"missing input {'QUERY' if query is None else 'DOCUMENTS'} (reranking takes both)")
+        q = query.as_numpy().reshape(-1)
+        if len(q) != 1:
+            raise InputError(f"QUERY must hold exactly one string, got {len(q)}")
+        instruction = pb_utils.get_input_tensor_by_name(request, "INSTRUCTION")
+        if instruction is not None:
+            instruction = instruction.as_numpy().reshape(-1)
+            if len(instruction) != 1:
+                raise InputError(f"INSTRUCTION must hold exactly one string, got {len(instruction)}")
+            instruction = instruction[0]
+        ids, lens, types = self.pairs.encode(*self.pairs.decode(q[0], documents.as_numpy().reshape(-1), instruction))
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens), pb_utils.Tensor("TOKEN_TYPE_IDS", types)])

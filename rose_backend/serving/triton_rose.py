@@ -1,4 +1,9 @@
-"""The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS -> EMBEDDINGS.
+"""The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS (+ TOKEN_TYPE_IDS) -> EMBEDDINGS or SCORES.
+
+An embedding folder answers EMBEDDINGS [S, D]; a reranker folder (rose_backend/model_kind.py)
+answers SCORES [S], one score per query-document pair (the sequences are the pairs, tokenized by
+`tokenize`). TOKEN_TYPE_IDS (optional, INT32 beside INPUT_IDS) carries BERT cross-encoders'
+segment ids; models without segment ids accept only zeros there.
 
 execute() validates each request, admits it into the EmbeddingService pool and returns None; the
 service's loop thread batches, runs the engine and calls back here to send each request exactly
@@ -6,6 +11,8 @@ one response, with the FINAL flag. Bad input gets an error response at once; not
 
 config.pbtxt parameters (all optional):
     model_dir            Hugging Face folder (default: $ROSE_MODEL_DIR, else the default model)
+    model_kind           auto | embedding | cross-encoder | qwen3-reranker (default: $ROSE_MODEL_KIND,
+                         else detected from the folder; see rose_backend/model_kind.py)
     device               auto | cpu | cuda (auto: the instance kind Triton assigns)
     dtype                float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)
     attention            attention backend name (default: the engine's choice)
@@ -35,7 +42,7 @@ import triton_python_backend_utils as pb_utils
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService, Unavailable
-from rose_backend.serving.validation import RequestLimits, validate_tokens
+from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
 
@@ -52,7 +59,9 @@ class RoseModel:
         check_numpy_interop(pb_utils, "rose")
         params = ModelParameters(args["model_config"])
         try:
-            cfg = ModelConfig.from_folder(resolve_model_dir(params.str("model_dir") or None))
+            cfg = ModelConfig.from_folder(resolve_model_dir(params.str("model_dir") or None),
+                                          params.str("model_kind") or None)
+            self.output_name = "SCORES" if cfg.is_reranker else "EMBEDDINGS"
             device = self._device(params.str("device", "auto"), args, torch)
             dtype_name = params.str("dtype", "")
             if dtype_name and dtype_name not in _DTYPES:
@@ -72,6 +81,7 @@ class RoseModel:
                 vocab_size=cfg.vocab_size,
                 max_request_seqs=params.int("max_request_seqs", 4096, minimum=1),
                 max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
+                type_vocab_size=cfg.type_vocab_size if cfg.uses_token_types else 1,
             )
             self.service = EmbeddingService(
                 self.engine, self._respond,
@@ -84,7 +94,7 @@ class RoseModel:
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
-        log.info("rose: %s on %s, %d-dim embeddings, pooling=%s normalize=%s", cfg.model_dir, device,
+        log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
 
     @staticmethod
@@ -105,9 +115,13 @@ class RoseModel:
             try:
                 ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
                 lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
+                types = pb_utils.get_input_tensor_by_name(request, "TOKEN_TYPE_IDS")
                 input_ids, seq_lens = validate_tokens(
                     None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy(), self.limits)
-                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled))
+                token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
+                                                   self.limits)
+                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
+                                            token_type_ids=token_types))
             except Exception as e:  # every request gets its one FINAL response, whatever went wrong
                 if isinstance(e, Unavailable):
                     code = pb_utils.TritonError.UNAVAILABLE
@@ -124,7 +138,8 @@ class RoseModel:
 
     def _respond(self, r: Request) -> None:
         if r.error is None:
-            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", r.output)])
+            out = r.output[:, 0].copy() if self.output_name == "SCORES" else r.output     # scores: [S, 1] -> [S]
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self.output_name, out)])
         else:
             code = getattr(pb_utils.TritonError, self._CODES.get(r.error_kind, "INTERNAL"))
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
