@@ -130,39 +130,57 @@ def words(rng: np.random.Generator, n: int, vocab_size: int = 1000, first: int =
 
 def reference_scores(folder: str | Path, query: str, documents: list[str], instruction: str | None = None,
                      device: str = "cpu", batch_size: int = 32) -> np.ndarray:
-    """What the peer library returns for the folder: CrossEncoder.predict, or the Qwen3-Reranker
-    model card's p(yes). float32 [n]."""
-    cfg = json.loads((Path(folder) / "config.json").read_text())
-    if cfg.get("model_type") == "qwen3":
-        return qwen3_reranker_card_scores(folder, query, documents, instruction, device, batch_size)
-    from sentence_transformers import CrossEncoder
-    model = CrossEncoder(str(folder), device=device)
-    return np.asarray(model.predict([(query, d) for d in documents], batch_size=batch_size), dtype=np.float32)
-
-
-def qwen3_reranker_card_scores(folder, query, documents, instruction=None, device="cpu", batch_size=32,
-                               max_length: int = 8192) -> np.ndarray:
-    """The Qwen3-Reranker model card's code (left padding, prefix/suffix, p(yes) by log_softmax)."""
+    """What the peer library returns for the folder in float32: CrossEncoder.predict, or the
+    Qwen3-Reranker model card's p(yes). float32 [n]."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return PeerReranker(folder, device, torch.float32).scores(query, documents, instruction, batch_size)
 
-    from rose_backend.model_kind import QWEN3_RERANKER_PREFIX, QWEN3_RERANKER_SUFFIX, qwen3_reranker_text
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).to(device).eval()
-    max_length = min(max_length, tokenizer.model_max_length)
-    no_id, yes_id = tokenizer.convert_tokens_to_ids("no"), tokenizer.convert_tokens_to_ids("yes")
-    prefix = tokenizer.encode(QWEN3_RERANKER_PREFIX, add_special_tokens=False)
-    suffix = tokenizer.encode(QWEN3_RERANKER_SUFFIX, add_special_tokens=False)
-    out = []
-    for start in range(0, len(documents), batch_size):
-        pairs = [qwen3_reranker_text(query, d, instruction) for d in documents[start:start + batch_size]]
-        inputs = tokenizer(pairs, padding=False, truncation="longest_first", return_attention_mask=False,
-                           max_length=max_length - len(prefix) - len(suffix))
-        inputs["input_ids"] = [prefix + ids + suffix for ids in inputs["input_ids"]]
-        inputs = tokenizer.pad(inputs, padding=True, return_tensors="pt", max_length=max_length).to(device)
+class PeerReranker:
+    """The peer library's reranker loaded once: sentence-transformers' CrossEncoder (its default
+    activation) for cross-encoders, the Qwen3-Reranker model card's code otherwise. Also the naive
+    Triton baseline of benchmarks/rerank_bench.py."""
+
+    def __init__(self, folder: str | Path, device: str = "cpu", dtype=None):
+        import torch
+        self.folder, self.device = str(folder), device
+        dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+        self.qwen3 = json.loads((Path(folder) / "config.json").read_text()).get("model_type") == "qwen3"
+        if self.qwen3:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from rose_backend.model_kind import QWEN3_RERANKER_PREFIX, QWEN3_RERANKER_SUFFIX
+            self.tokenizer = tok = AutoTokenizer.from_pretrained(self.folder, padding_side="left")
+            self.model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=dtype).to(device).eval()
+            self.no_id, self.yes_id = tok.convert_tokens_to_ids("no"), tok.convert_tokens_to_ids("yes")
+            self.prefix = tok.encode(QWEN3_RERANKER_PREFIX, add_special_tokens=False)
+            self.suffix = tok.encode(QWEN3_RERANKER_SUFFIX, add_special_tokens=False)
+            self.max_length = min(8192, tok.model_max_length)
+        else:
+            from sentence_transformers import CrossEncoder
+            self.model = CrossEncoder(self.folder, device=device, model_kwargs={"dtype": dtype})
+
+    def scores(self, query: str, documents: list[str], instruction: str | None = None,
+               batch_size: int = 32) -> np.ndarray:
+        if not self.qwen3:
+            return np.asarray(self.model.predict([(query, d) for d in documents], batch_size=batch_size,
+                                                 show_progress_bar=False), dtype=np.float32)
+        out = [self._card_batch(query, documents[s:s + batch_size], instruction)
+               for s in range(0, len(documents), batch_size)]
+        return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
+
+    def _card_batch(self, query, documents, instruction) -> np.ndarray:
+        """The model card's process_inputs + compute_logits (left padding, p(yes) by log_softmax)."""
+        import torch
+
+        from rose_backend.model_kind import qwen3_reranker_text
+        tok = self.tokenizer
+        pairs = [qwen3_reranker_text(query, d, instruction) for d in documents]
+        inputs = tok(pairs, padding=False, truncation="longest_first", return_attention_mask=False,
+                     max_length=self.max_length - len(self.prefix) - len(self.suffix))
+        inputs["input_ids"] = [self.prefix + ids + self.suffix for ids in inputs["input_ids"]]
+        inputs = tok.pad(inputs, padding=True, return_tensors="pt", max_length=self.max_length).to(self.device)
         with torch.no_grad():
-            logits = model(**inputs).logits[:, -1, :]
-        scores = torch.nn.functional.log_softmax(torch.stack([logits[:, no_id], logits[:, yes_id]], dim=1), dim=1)
-        out.append(scores[:, 1].exp().float().cpu().numpy())
-    return np.concatenate(out).astype(np.float32)
+            logits = self.model(**inputs).logits[:, -1, :]
+        scores = torch.nn.functional.log_softmax(torch.stack([logits[:, self.no_id], logits[:, self.yes_id]], 1), dim=1)
+        return scores[:, 1].exp().float().cpu().numpy()
