@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 
 import torch
 
@@ -99,7 +100,7 @@ class FlashInferBackend(AttentionBackend):
     Eager batches use one plain wrapper. Each graph configuration (`meta.graph_key`) gets its own
     wrapper in CUDA-graph mode whose indptr buffers are the configuration's fixed cu_seqlens buffer;
     its plan runs before every replay (outside the graph) and rewrites the schedule in place.
-    All wrappers of a backend share one float workspace (128 MB) and one int workspace with its
+    All wrappers of a backend share one float workspace (see float_workspace_bytes) and one int workspace with its
     pinned mirror; before a plan overwrites the pinned mirror, we wait for the event recorded
     after the previous plan's host-to-device copy (that copy may still be queued on the stream).
     Split-KV is off for eager batches (no KV cache: the query tiles fill the GPU, and no merge
@@ -111,9 +112,13 @@ class FlashInferBackend(AttentionBackend):
     flashinfer_backend = "fa2"
     supports_cuda_graphs = True
     device_types = ("cuda",)
-    float_workspace_bytes = 256 << 20
-    max_tokens = 8192        # graph mode's split-KV scratch outgrows the workspace past this (H200 sweep)
-    int_workspace_bytes = 8 << 20
+    # Graph mode's split-KV scratch grows with the batch: 256 MB served up to 8192 tokens in the H200
+    # sweep and overflowed past it. The workspace is sized from $ROSE_FLASHINFER_WORKSPACE_MB
+    # (default 512: the 16384-token batches of the default budget) and the token limit scales
+    # with it (8192 tokens per 256 MB; 2048 MB served 100 x 512 = 51200 tokens on the H200).
+    float_workspace_bytes = int(os.environ.get("ROSE_FLASHINFER_WORKSPACE_MB", "512")) << 20
+    max_tokens = 8192 * max(1, float_workspace_bytes // (256 << 20))
+    int_workspace_bytes = (8 << 20) * max(1, float_workspace_bytes // (256 << 20))
 
     @classmethod
     def unavailable_reason(cls, shape, device):
