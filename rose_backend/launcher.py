@@ -132,9 +132,7 @@ def stub_site(env: dict | None = None) -> str | None:
 
 
 def served_models(model_dir: str | None, env: dict | None = None) -> tuple[str, ...]:
-    """The models of the project's repository a folder is served with: embed, tokenize, rose for an
-    embedding folder; rerank, tokenize, rose for a reranker (kind as rose_backend/model_kind.py
-    decides, $ROSE_MODEL_KIND included)."""
+    """The repository's models a folder is served with, by its kind (rose_backend/model_kind.py)."""
     from rose_backend.config import ModelConfig, resolve_model_dir
     env = os.environ if env is None else env
     folder = model_dir or env.get("ROSE_MODEL_DIR") or None
@@ -190,9 +188,8 @@ class TritonProcess:
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
                  models: tuple[str, ...] | None = None):
-        """models: the repository's models to load (explicit model control). None: for the
-        project's repository, those served_models() picks for the folder; for any other
-        repository (the benchmarks' baselines), every model in it."""
+        """models: those to load (explicit model control). None: served_models() for the project's
+        repository, every model for any other (the benchmarks' baselines)."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.models = models
         if models is None and (self.repository / "rose" / "config.pbtxt").exists():
@@ -276,7 +273,6 @@ class TritonProcess:
         self.stop()
 
 
-
 def stop_all(servers: list[TritonProcess]) -> None:
     """Stop every server, all at once (each drains in parallel with the others)."""
     stoppers = [threading.Thread(target=s.stop) for s in servers]
@@ -334,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             s.wait_ready()
         urls = ",".join(s.grpc_url for s in servers)
         from rose_backend.config import resolve_model_dir
-        reranker = "rerank" in servers[0].models
+        reranker = "rerank" in (servers[0].models or ())
         call = "rerank('what is rose?', ['a flower', 'a server'])" if reranker else "embed(['hello world']).shape"
         print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
               f"{time.monotonic() - t0:.1f} s. Models: "
