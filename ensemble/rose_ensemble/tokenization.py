@@ -12,6 +12,7 @@ max_seq_length. Encoding runs in Rust (tokenizers' encode_batch), which releases
 from __future__ import annotations
 
 import json
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,10 +96,19 @@ class TextTokenizer:
         prompt = self.prompt_for(prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=True)
+        encodings = self._encode_batch(texts, add_special_tokens=True)
+        if len(encodings) == 1:
+            ids = np.asarray(encodings[0].ids, dtype=np.int32)
+            return ids, np.array([ids.size], dtype=np.int32)
         lens = np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(encodings))
-        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(lens.sum()))
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=int(lens.sum()))
         return ids, lens
+
+    @property
+    def _encode_batch(self):
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets, which nothing here
+        # reads: about half the time of encode_batch for a 512-word text on the CPU machine.
+        return getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
 
     def count_tokens(self, texts: list[str], prompt_name: str | None = None) -> list[int]:
         """Token counts after prompt and truncation, without building the flat array."""

@@ -13,13 +13,22 @@ Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
 from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
+from rose_backend.serving.stage_clock import StageClock
 from rose_ensemble.pair_tokenization import PairTokenizer
 from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
+
+
+@dataclass(slots=True)
+class _Timed:
+    marks: list
 
 
 class TokenizeModel:
@@ -43,9 +52,22 @@ class TokenizeModel:
                 max_text_bytes=self.tokenizer.max_text_bytes, max_texts=self.tokenizer.max_texts)
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
+        self.clock = StageClock.from_env("tokenize")     # $ROSE_STAGE_TIMES: time each request
 
     def execute(self, requests):
-        return [self._one(r) for r in requests]
+        if self.clock is None:
+            return [self._one(r) for r in requests]
+        out = []
+        for r in requests:
+            timed = _Timed([("received", time.perf_counter_ns())])
+            out.append(self._one(r))
+            self.clock.mark(timed, "encoded_and_built")
+            self.clock.finish(timed)
+        return out
+
+    def finalize(self):
+        if self.clock is not None:
+            self.clock.write()
 
     def _one(self, request):
         try:

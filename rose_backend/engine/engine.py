@@ -54,6 +54,7 @@ class _Slot:
         self.np = self.staging.numpy()
         self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
         self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
+        self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
         self.lt: LazyTensor | None = None
 
 
@@ -133,11 +134,14 @@ class Engine:
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
         words = 3 * tb + 2 * sb + 3
         self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
+        self._arange = np.arange(tb, dtype=np.int32)             # positions of a lone sequence
         self._views: dict[Key, _Views] = {}
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
         self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
         self._next_slot = 0
         self.stats = EngineStats()
+        self.mark_stages = False                 # True: step() leaves its stage times in last_marks
+        self.last_marks: list[tuple[str, int]] = []
         self.graphs.start(self.device)
         if precapture:
             self.precapture(precapture)
@@ -167,7 +171,8 @@ class Engine:
         if self.attention is not None:
             return self.attention
         fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
-        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available)
+        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available, self.cfg.num_layers,
+                                 {n: backend_class(n).host_plan_us for n in fits or self.available})
 
     def _use(self, name: str) -> AttentionBackend:
         be = self._backend(name)
@@ -188,15 +193,21 @@ class Engine:
         st.batches += 1
         st.tokens += t
         st.sequences += s
+        self.last_marks = marks = [] if self.mark_stages else None
         slot = self._take_slot()
         key = self.graphs.key_for(s, t) if self.graphs_on else None
         with torch.inference_mode():
             if key is None:
                 out = self._run_unpadded(batch, slot)
             else:
-                out = self._run_static(batch, key, slot)
-        lt = LazyTensor.launch(out, s, host=slot.out if s <= slot.out.shape[0] else None)
+                out = self._run_static(batch, key, slot, marks)
+        if marks is not None:
+            marks.append(("launched", time.perf_counter_ns()))
+        fits = s <= slot.out.shape[0]
+        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None)
         slot.lt = lt
+        if marks is not None:
+            marks.append(("copy_queued", time.perf_counter_ns()))
         return lt
 
     def _take_slot(self) -> _Slot:
@@ -215,9 +226,15 @@ class Engine:
         a = slot.np
         a[:t] = batch.input_ids
         a[t:tb] = self.cfg.pad_token_id
-        a[tb:tb + t] = batch.embedding_positions(self.type_stride)
+        if s == 1:                          # one sequence (the online case): no per-token index math
+            a[tb:tb + t] = self._arange[:t]
+            if self.type_stride and batch.token_type_ids is not None:       # BERT segment ids
+                a[tb:tb + t] += batch.token_type_ids * np.int32(self.type_stride)
+            a[2 * tb:2 * tb + t] = 0
+        else:
+            a[tb:tb + t] = batch.embedding_positions(self.type_stride)
+            a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
         a[tb + t:2 * tb] = 0
-        a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
         a[2 * tb + t:3 * tb] = sb                                 # padding rows pool into the dummy
         o = 3 * tb
         cu = a[o:o + sb + 2]
@@ -230,7 +247,7 @@ class Engine:
         inv[s:] = 0.0
         return o + 2 * sb + 3
 
-    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot) -> torch.Tensor:
+    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot, marks: list | None = None) -> torch.Tensor:
         sb, tb = key
         st = self.stats
         v = self._views.get(key)
@@ -238,6 +255,8 @@ class Engine:
             v = self._views[key] = _Views(self._static, sb, tb)
         words = self._stage(batch, sb, tb, slot)
         self._static[:words].copy_(slot.staging[:words], non_blocking=True)
+        if marks is not None:
+            marks.append(("staged", time.perf_counter_ns()))
         be = self._use(self.backend_for(sb, tb))
         # max_seqlen is baked into captured launches: a fixed bound per configuration (real
         # sequences fit the model's positions; the dummy holds < 256 tokens of padding). Backends
@@ -257,6 +276,8 @@ class Engine:
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()
             slot.copied.record()
+        if marks is not None:
+            marks.append(("planned", time.perf_counter_ns()))
         st.padded_tokens += tb
         action = self.graphs.action(key)
         if action != "eager" and self.device.type == "cuda" and not be.supports_cuda_graphs:

@@ -27,6 +27,13 @@ config.pbtxt parameters (all optional):
     max_request_tokens   tokens per request (default 1048576)
     drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
                          left gets a "shutting down" error (default 20)
+    inline_execute       auto | true | false: a request arriving while nothing is queued or running is
+                         run inside execute() itself, with no hand-over to the scheduler thread
+                         (default auto: on for a CUDA device; on the CPU the forward pass run on the
+                         stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
+                         contending, so auto leaves it off there)
+Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
+and the summary written to <folder>/rose_<pid>.json when the model unloads (serving/stage_clock.py).
 
 Error codes: bad input INVALID_ARG; overloaded / shutting down UNAVAILABLE ("retry later");
 cancelled CANCELLED; a failed forward pass INTERNAL. Every request gets exactly one response,
@@ -34,14 +41,17 @@ with the FINAL flag, and nothing after it.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
+import time
 
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService, Unavailable
+from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
@@ -83,12 +93,20 @@ class RoseModel:
                 max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
                 type_vocab_size=cfg.type_vocab_size if cfg.uses_token_types else 1,
             )
+            inline = params.str("inline_execute", "auto").lower()
+            if inline not in ("auto", "true", "false"):
+                raise ValueError(f"parameter 'inline_execute' must be auto, true or false, got {inline!r}")
+            if inline == "auto":
+                inline = "true" if self.engine.device.type == "cuda" else "false"
+            self.clock = StageClock.from_env("rose")
+            self.engine.mark_stages = self.clock is not None
             self.service = EmbeddingService(
                 self.engine, self._respond,
                 max_batch_tokens=max_batch_tokens,
                 max_batch_seqs=max_batch_seqs,
                 max_inflight=max_inflight,
                 max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
+                inline=inline == "true", clock=self.clock,
             )
             self.drain_timeout = params.int("drain_timeout_s", 20, minimum=0)
         except Exception as e:
@@ -96,6 +114,8 @@ class RoseModel:
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
         log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
+        gc.collect()
+        gc.freeze()      # start-up objects (weights' modules, tables) leave the collector's scans
 
     @staticmethod
     def _device(choice: str, args, torch) -> str:
@@ -110,18 +130,24 @@ class RoseModel:
         return f"cuda:{gpu_id if kind == 'GPU' else 0}"
 
     def execute(self, requests):
+        clock = self.clock
         for request in requests:
+            t0 = time.perf_counter_ns() if clock is not None else 0
             sender = request.get_response_sender()
             try:
                 ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
                 lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
                 types = pb_utils.get_input_tensor_by_name(request, "TOKEN_TYPE_IDS")
-                input_ids, seq_lens = validate_tokens(
-                    None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy(), self.limits)
+                ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
+                t1 = time.perf_counter_ns() if clock is not None else 0
+                input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
                 token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
                                                    self.limits)
-                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
-                                            token_type_ids=token_types))
+                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
+                            token_type_ids=token_types)
+                if clock is not None:
+                    r.marks += [("received", t0), ("inputs_read", t1), ("validated", time.perf_counter_ns())]
+                self.service.submit(r)
             except Exception as e:  # every request gets its one FINAL response, whatever went wrong
                 if isinstance(e, Unavailable):
                     code = pb_utils.TritonError.UNAVAILABLE
@@ -143,12 +169,18 @@ class RoseModel:
         else:
             code = getattr(pb_utils.TritonError, self._CODES.get(r.error_kind, "INTERNAL"))
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
+        if self.clock is not None:
+            self.clock.mark(r, "response_built")
         r.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self.clock is not None:
+            self.clock.mark(r, "sent")
 
     def finalize(self):
         log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
         self.service.stop(self.drain_timeout)
         self.metrics.stop()
+        if self.clock is not None:
+            self.clock.write()
 
 
 def _parse_precapture(value: str) -> list[tuple[int, int]]:
