@@ -153,5 +153,8 @@ def test_bert_segment_ids_on_the_static_path(folders):
     cu = np.concatenate([[0], np.cumsum(lens)])
     split = [(ids[a:b], types[a:b]) for a, b in zip(cu[:-1], cu[1:])]
     engine = Engine(ModelConfig.from_folder(folder), graphs=True, max_tokens=1024, max_seqs=8)
+    ref = reference_scores(folder, query, docs)
     got = engine.embed([i for i, _ in split], [t for _, t in split])[:, 0]
-    np.testing.assert_allclose(got, reference_scores(folder, query, docs), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    lone = engine.embed([split[0][0]], [split[0][1]])[:, 0]          # one sequence: its own staging path
+    np.testing.assert_allclose(lone, ref[:1], atol=1e-4, rtol=0)
