@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-for _p in (ROOT, ROOT / "ensemble", ROOT / "client"):
+for _p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
@@ -34,10 +34,7 @@ from rose_backend.launcher import TritonProcess, free_ports  # noqa: E402
 from rose_backend.testing.reranker_folders import SHAPES, write_reranker_folder  # noqa: E402
 from rose_client.transport import StreamConnection  # noqa: E402
 
-try:                                                   # where the benchmark helpers live after the restructure
-    from rose_bench.__main__ import git_commit, host_info  # noqa: E402
-except ImportError:
-    from rose_client.bench.__main__ import git_commit, host_info  # noqa: E402
+from rose_bench.record import git_commit, host_info  # noqa: E402
 
 BASELINE_REPOSITORY = ROOT / "benchmarks" / "rerank_baseline_repository"
 SYSTEMS = {"rose": (None, "rerank"), "naive": (BASELINE_REPOSITORY, "naive_rerank")}

@@ -18,10 +18,10 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
-from rose_backend.serving.service import (CANCELLED, SHUTTING_DOWN, EmbeddingService, Overloaded,
-                                          ShuttingDown, is_out_of_memory, wait_until)
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ShuttingDown, is_out_of_memory
+from rose_backend.serving.service import EmbeddingService, wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
-from rose_client.bench.folders import cos_dist
+from rose_backend.testing.compare import cos_dist
 
 HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[CLS] hello [SEP]"
 
@@ -433,7 +433,8 @@ def test_sigterm_answers_requests_in_flight_then_exits():
     after the signal get an explicit error at once, and the server exits soon after (clients close
     their streams once answered; see docs/OPERATIONS.md for streams left open)."""
     from server import running_server
-    with running_server(params={"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8"}}, name="sigterm") as srv:
+    with running_server(params={"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8"}}, name="sigterm",
+                        exit_timeout=None) as srv:
         conns = [StreamConnection(srv.grpc_url) for _ in range(4)]
         try:
             futs = [conns[i % 4].infer("rose", rose_inputs(np.full(1024, 2000 + i, np.int32), np.full(8, 128, np.int32)))

@@ -1,6 +1,6 @@
 """Which attention backend runs which configuration, from measurements.
 
-benchmarks/attention_sweep.py times every backend per (attention shape, sequence-count bucket,
+`python -m rose_bench attention-sweep` (benchmarks/rose_bench/attention_sweep.py) times every backend per (attention shape, sequence-count bucket,
 token bucket) on the GPU and writes attention_table.json beside this file:
 
     {"device": "NVIDIA H200", "dtype": "bfloat16", "shapes": {

@@ -50,7 +50,7 @@ class _Slot:
     """One entry of the ring of pinned host buffers (inputs staged, outputs returned)."""
 
     def __init__(self, words: int, out_rows: int, dim: int, pinned: bool):
-        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)   # see Engine._layout
+        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)   # see Engine._stage
         self.np = self.staging.numpy()
         self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
         self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read

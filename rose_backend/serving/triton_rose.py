@@ -9,29 +9,7 @@ execute() validates each request, admits it into the EmbeddingService pool and r
 service's loop thread batches, runs the engine and calls back here to send each request exactly
 one response, with the FINAL flag. Bad input gets an error response at once; nothing else waits.
 
-config.pbtxt parameters (all optional):
-    model_dir            Hugging Face folder (default: $ROSE_MODEL_DIR, else the default model)
-    model_kind           auto | embedding | cross-encoder | qwen3-reranker (default: $ROSE_MODEL_KIND,
-                         else detected from the folder; see rose_backend/model_kind.py)
-    device               auto | cpu | cuda (auto: the instance kind Triton assigns)
-    dtype                float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)
-    attention            attention backend name (default: the engine's choice)
-    max_batch_tokens     token budget of one forward pass (default 16384)
-    max_batch_seqs       sequence cap of one forward pass (default 64)
-    max_inflight         batches launched but not yet collected (default 2)
-    precapture           "seqs:tokens,..." configurations whose CUDA graphs are captured at start-up
-                         (default none: every configuration is captured lazily on its second sight)
-    max_queued_tokens    tokens waiting in the pool before new requests are refused as
-                         overloaded (default 1048576; 0 = unbounded)
-    max_request_seqs     sequences per request (default 4096)
-    max_request_tokens   tokens per request (default 1048576)
-    drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
-                         left gets a "shutting down" error (default 20)
-    inline_execute       auto | true | false: a request arriving while nothing is queued or running is
-                         run inside execute() itself, with no hand-over to the scheduler thread
-                         (default auto: on for a CUDA device; on the CPU the forward pass run on the
-                         stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
-                         contending, so auto leaves it off there)
+config.pbtxt parameters: rose_backend.serving.settings.RoseSettings (their meaning and defaults).
 Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
 and the summary written to <folder>/rose_<pid>.json when the model unloads (serving/stage_clock.py).
 
@@ -49,66 +27,46 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
+from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.scheduler import Request
-from rose_backend.serving.service import EmbeddingService, Unavailable
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.settings import RoseSettings
 from rose_backend.serving.stage_clock import StageClock
+from rose_backend.serving.triton_interop import check_numpy_interop
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
-from rose_backend.triton_interop import check_numpy_interop
-from rose_backend.triton_params import ModelParameters
 
 log = logging.getLogger("rose")
-
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16"}
-
 
 class RoseModel:
     def initialize(self, args):
         import torch   # loaded here so that importing this module stays cheap
 
         check_numpy_interop(pb_utils, "rose")
-        params = ModelParameters(args["model_config"])
         try:
-            cfg = ModelConfig.from_folder(resolve_model_dir(params.str("model_dir") or None),
-                                          params.str("model_kind") or None)
+            s = RoseSettings.from_model_config(args["model_config"])
+            cfg = ModelConfig.from_folder(resolve_model_dir(s.model_dir or None), s.model_kind or None)
             self.output_name = "SCORES" if cfg.is_reranker else "EMBEDDINGS"
-            device = self._device(params.str("device", "auto"), args, torch)
-            dtype_name = params.str("dtype", "")
-            if dtype_name and dtype_name not in _DTYPES:
-                raise ValueError(f"parameter 'dtype' must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
-            dtype = getattr(torch, _DTYPES[dtype_name]) if dtype_name else None
+            device = self._device(s.device, args, torch)
+            dtype = getattr(torch, s.torch_dtype_name) if s.torch_dtype_name else None
             from rose_backend.engine.engine import Engine
-            max_batch_tokens = params.int("max_batch_tokens", 16384, minimum=1)
-            max_batch_seqs = params.int("max_batch_seqs", 64, minimum=1)
-            max_inflight = params.int("max_inflight", 2, minimum=1)
             self.engine = Engine(
-                cfg, device=device, dtype=dtype, attention=params.str("attention") or None,
+                cfg, device=device, dtype=dtype, attention=s.attention or None,
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
-                max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=max_batch_seqs,
-                max_inflight=max_inflight, precapture=_parse_precapture(params.str("precapture")))
-            self.limits = RequestLimits(
-                max_seq_len=cfg.max_positions,
-                vocab_size=cfg.vocab_size,
-                max_request_seqs=params.int("max_request_seqs", 4096, minimum=1),
-                max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
-                type_vocab_size=cfg.type_vocab_size if cfg.uses_token_types else 1,
-            )
-            inline = params.str("inline_execute", "auto").lower()
-            if inline not in ("auto", "true", "false"):
-                raise ValueError(f"parameter 'inline_execute' must be auto, true or false, got {inline!r}")
+                max_tokens=max(s.max_batch_tokens, cfg.max_positions), max_seqs=s.max_batch_seqs,
+                max_inflight=s.max_inflight, precapture=s.precapture_configs)
+            self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
+                                        max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens,
+                                        type_vocab_size=cfg.type_vocab_size if cfg.uses_token_types else 1)
+            inline = s.inline_execute
             if inline == "auto":
                 inline = "true" if self.engine.device.type == "cuda" else "false"
             self.clock = StageClock.from_env("rose")
             self.engine.mark_stages = self.clock is not None
             self.service = EmbeddingService(
-                self.engine, self._respond,
-                max_batch_tokens=max_batch_tokens,
-                max_batch_seqs=max_batch_seqs,
-                max_inflight=max_inflight,
-                max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
-                inline=inline == "true", clock=self.clock,
-            )
-            self.drain_timeout = params.int("drain_timeout_s", 20, minimum=0)
+                self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
+                max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
+                inline=inline == "true", clock=self.clock)
+            self.drain_timeout = s.drain_timeout_s
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
@@ -119,8 +77,6 @@ class RoseModel:
 
     @staticmethod
     def _device(choice: str, args, torch) -> str:
-        if choice not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"parameter 'device' must be auto, cpu or cuda, got {choice!r}")
         kind = args.get("model_instance_kind", "CPU")
         gpu_id = int(args.get("model_instance_device_id", 0) or 0)
         if choice == "cpu" or (choice == "auto" and (kind != "GPU" or not torch.cuda.is_available())):
@@ -181,18 +137,6 @@ class RoseModel:
         self.metrics.stop()
         if self.clock is not None:
             self.clock.write()
-
-
-def _parse_precapture(value: str) -> list[tuple[int, int]]:
-    """Parameter `precapture`: "seqs:tokens,seqs:tokens" configurations to capture at start-up."""
-    out = []
-    for item in filter(None, (v.strip() for v in value.split(","))):
-        try:
-            seqs, tokens = (int(x) for x in item.split(":"))
-        except ValueError:
-            raise ValueError(f"parameter 'precapture' takes seqs:tokens pairs like 1:128,8:4096; got {item!r}") from None
-        out.append((seqs, tokens))
-    return out
 
 
 class _Metrics:
