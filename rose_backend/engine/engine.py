@@ -226,10 +226,8 @@ class Engine:
         a = slot.np
         a[:t] = batch.input_ids
         a[t:tb] = self.cfg.pad_token_id
-        if s == 1:                          # one sequence (the online case): no per-token index math
+        if s == 1 and batch.token_type_ids is None:     # one sequence (the online case): no index math
             a[tb:tb + t] = self._arange[:t]
-            if self.type_stride and batch.token_type_ids is not None:       # BERT segment ids
-                a[tb:tb + t] += batch.token_type_ids * np.int32(self.type_stride)
             a[2 * tb:2 * tb + t] = 0
         else:
             a[tb:tb + t] = batch.embedding_positions(self.type_stride)
@@ -345,8 +343,7 @@ class Engine:
                 self.step(PackedBatch(ids, lens)).synchronize()
 
     def embed(self, token_lists: list[list[int]], type_lists: list[list[int]] | None = None) -> np.ndarray:
-        """Convenience for tests and tools: token id lists (and segment id lists) -> [n, D] float32
-        (scores [n, 1] for a reranker), in one batch."""
+        """Tests and tools: token id (and segment id) lists -> [n, D] float32 ([n, 1] scores), one batch."""
         lens = np.array([len(t) for t in token_lists], dtype=np.int32)
         ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
         types = None if type_lists is None else np.concatenate([np.asarray(t, dtype=np.int32) for t in type_lists])
