@@ -12,12 +12,16 @@ or the Qwen3-Reranker model card's code, per request, batch 32, bf16 on GPU). On
 the query and all N documents (gRPC stream, text in, scores out); after `--warmup` requests per N
 (rose captures its CUDA graphs on the second sight of a configuration), `--iters` requests are timed
 one after another: p50 and p99 in ms. The two systems' scores are compared too (max |diff|).
+On a GPU host whose Python has numpy 2, set ROSE_STUB_SITE (a folder with numpy<2, see README's GPU
+section) as for `make serve`: rose's stub gets it; the naive server does not (its texts come as UINT8
+through DLPack, which numpy 2 reads correctly).
 Prints a table and saves JSON (numbers, command, git commit, machine, date) to --out.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -32,7 +36,7 @@ for _p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks"):
 
 from rose_backend.launcher import TritonProcess, free_ports  # noqa: E402
 from rose_backend.testing.reranker_folders import SHAPES, write_reranker_folder  # noqa: E402
-from rose_client.transport import StreamConnection  # noqa: E402
+from rose_client.transport import StreamConnection, serialize_bytes  # noqa: E402
 
 from rose_bench.record import git_commit, host_info  # noqa: E402
 
@@ -47,10 +51,19 @@ def make_request(rng: np.random.Generator, vocab: int, n_docs: int, doc_tokens: 
     return text(query_tokens), [text(doc_tokens) for _ in range(n_docs)]
 
 
+def inputs_for(system: str, query: str, docs: list[str]) -> list:
+    if system == "naive":   # through DLPack: the naive stub runs the host's numpy (2 on the GPU hosts)
+        return [("TEXTS", np.frombuffer(serialize_bytes([query] + docs), dtype=np.uint8))]
+    return [("QUERY", [query]), ("DOCUMENTS", docs)]
+
+
 def time_system(system: str, folder: Path, args, requests: dict[int, tuple], log_dir: Path) -> dict:
     repository, model = SYSTEMS[system]
     kwargs = {"repository": repository, "models": (model,)} if repository else {}
-    srv = TritonProcess(str(folder), ports=free_ports(), log_file=log_dir / f"{system}.log", **kwargs)
+    env = dict(os.environ)
+    if system == "naive":   # $ROSE_STUB_SITE's numpy<2 is for rose's stub; torch & co. keep the host's
+        env.pop("ROSE_STUB_SITE", None)
+    srv = TritonProcess(str(folder), ports=free_ports(), log_file=log_dir / f"{system}.log", env=env, **kwargs)
     t0 = time.perf_counter()
     srv.start()
     out = {"log": str(log_dir / f"{system}.log")}
@@ -60,7 +73,7 @@ def time_system(system: str, folder: Path, args, requests: dict[int, tuple], log
         conn = StreamConnection(srv.grpc_url)
         try:
             for n, (query, docs) in requests.items():
-                inputs = [("QUERY", [query]), ("DOCUMENTS", docs)]
+                inputs = inputs_for(system, query, docs)
                 for _ in range(args.warmup):
                     scores = conn.infer(model, inputs).result(args.request_timeout)["SCORES"]
                 times = []

@@ -28,6 +28,17 @@ def _strings(tensor) -> list[str]:
     return [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in tensor.as_numpy().reshape(-1)]
 
 
+def _unpack(tensor) -> list[str]:
+    """TEXTS: UINT8 in Triton's BYTES wire format, read through DLPack (safe under numpy 2)."""
+    buf = torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).reshape(-1).numpy().tobytes()
+    out, i = [], 0
+    while i < len(buf):
+        n = int.from_bytes(buf[i:i + 4], "little")
+        out.append(buf[i + 4:i + 4 + n].decode("utf-8"))
+        i += 4 + n
+    return out
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -47,8 +58,12 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                query = _strings(pb_utils.get_input_tensor_by_name(request, "QUERY"))[0]
-                docs = _strings(pb_utils.get_input_tensor_by_name(request, "DOCUMENTS"))
+                packed = pb_utils.get_input_tensor_by_name(request, "TEXTS")
+                if packed is not None:
+                    query, *docs = _unpack(packed)
+                else:
+                    query = _strings(pb_utils.get_input_tensor_by_name(request, "QUERY"))[0]
+                    docs = _strings(pb_utils.get_input_tensor_by_name(request, "DOCUMENTS"))
                 instr = pb_utils.get_input_tensor_by_name(request, "INSTRUCTION")
                 scores = self.reranker.scores(query, docs, _strings(instr)[0] if instr is not None else None,
                                               self.batch_size)
