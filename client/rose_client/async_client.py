@@ -7,7 +7,8 @@ import numpy as np
 
 from rose_client.client import EmbeddingClient
 from rose_client.dispatch import Chunk, Job
-from rose_client.rerank import pair_chunks, ranked
+from rose_client.encoded import Ask, Encoded
+from rose_client.rerank import SCORES, pair_chunks, ranked
 
 
 class AsyncEmbeddingClient:
@@ -21,24 +22,32 @@ class AsyncEmbeddingClient:
         self.sync = EmbeddingClient(urls, **kwargs)
         self.urls = self.sync.urls
 
-    async def embed(self, texts: list[str], task: str | None = None) -> np.ndarray:
-        return await self._run(self.sync.model, self.sync._text_chunks(texts, task), len(texts))
+    async def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
+                    encoding: str = "float32") -> np.ndarray:
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return (await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)).dense
+
+    async def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
+                     dimensions: int | None = None, encoding: str = "float32", task: str | None = None) -> Encoded:
+        ask = Ask(dense, sparse, colbert, dimensions, encoding)
+        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)
 
     async def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
-        return await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists))
+        return (await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists),
+                                Ask())).dense
 
     async def rerank(self, query: str, documents: list[str], top_k: int | None = None,
                      return_documents: bool = False, instruction: str | None = None):
         """See EmbeddingClient.rerank."""
         chunks = pair_chunks(self.sync, query, documents, instruction, Chunk)
-        scores = (await self._run(self.sync.rerank_model, chunks, len(documents), "SCORES"))[:, 0] if chunks \
+        scores = (await self._run(self.sync.rerank_model, chunks, len(documents), SCORES)) if chunks \
             else np.zeros(0, np.float32)
         return ranked(scores, list(documents), top_k, return_documents)
 
     def stats(self):
         return self.sync.stats()
 
-    async def _run(self, model, chunks, n, output: str = "EMBEDDINGS") -> np.ndarray:
+    async def _run(self, model, chunks, n, ask: Ask) -> Encoded:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -48,7 +57,7 @@ class AsyncEmbeddingClient:
             except RuntimeError:          # the loop is closed: nobody is waiting any more
                 pass
 
-        job = Job(self.sync, model, chunks, n, wake, output)
+        job = Job(self.sync, model, chunks, n, wake, ask)
         try:
             while True:
                 event.clear()

@@ -12,6 +12,33 @@ from __future__ import annotations
 import numpy as np
 
 from rose_client.chunking import chunk_ranges
+from rose_client.transport import ServerError
+
+
+class ScoresAsk:
+    """What a `rerank` call asks for (dispatch.Job's `ask`): SCORES, one per document of a chunk."""
+
+    def inputs(self) -> list:
+        return []
+
+    def outputs(self) -> list[str]:
+        return ["SCORES"]
+
+    def parameters(self) -> None:
+        return None
+
+    def check(self, result: dict[str, np.ndarray], rows: int, where: str) -> None:
+        if "SCORES" not in result:
+            raise ServerError(f"{where}: the answer lacks SCORES (is this server serving a reranker?)")
+        if result["SCORES"].shape != (rows,):
+            raise ServerError(f"{where}: answered {result['SCORES'].shape} scores for a chunk of {rows} documents")
+
+    def assemble(self, parts: list[dict[str, np.ndarray]], urls) -> np.ndarray:
+        """float32 [n] scores in document order."""
+        return np.ascontiguousarray(np.concatenate([p["SCORES"] for p in parts]), dtype=np.float32)
+
+
+SCORES = ScoresAsk()
 
 
 def pair_chunks(client, query: str, documents: list[str], instruction: str | None, chunk_cls) -> list:

@@ -5,6 +5,12 @@ batch in pinned memory, one host-to-device copy into static buffers, planning th
 backend (outside any graph), the forward pass (eager, captured, or replayed from a CUDA graph),
 pooling, normalizing, and queueing the copy back into a pinned buffer behind an event.
 On the CPU the same code runs eagerly (graphs off by default) and returns ready handles.
+
+Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a batch whose
+`token_outputs` names them runs the heads on the final hidden states of every token, in the same
+pass (a graph of its own per configuration, keyed apart from the dense-only one, so dense-only
+batches run exactly the graphs they ran before), and its handle carries the results as `extras`
+({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, 
                                            available_backends, backend_class, make_backend)
 from rose_backend.models import build_model
 from rose_backend.models.heads import build_head
+from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
 
 log = logging.getLogger(__name__)
@@ -114,6 +121,7 @@ class Engine:
         self.attention = None if attention in (None, "auto") else attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
         self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
+        self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
         self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
         self.type_stride = cfg.max_positions if cfg.uses_token_types else 0
         self._backends: dict[str, AttentionBackend] = {}
@@ -189,6 +197,10 @@ class Engine:
         if batch.max_seqlen > self.max_len:
             raise ValueError(f"a sequence of {batch.max_seqlen} tokens is longer than this model's "
                              f"{self.max_len} positions; truncate it (the tokenizer's max_seq_length)")
+        want = batch.token_outputs
+        if want and self.heads is None:
+            raise HeadsMissing(f"{', '.join(sorted(want))} output asked for, but the model folder "
+                               f"{self.cfg.model_dir} has no sparse_linear / colbert_linear heads")
         st = self.stats
         st.batches += 1
         st.tokens += t
@@ -198,13 +210,21 @@ class Engine:
         key = self.graphs.key_for(s, t) if self.graphs_on else None
         with torch.inference_mode():
             if key is None:
-                out = self._run_unpadded(batch, slot)
+                out = self._run_unpadded(batch, slot, bool(want))
             else:
-                out = self._run_static(batch, key, slot, marks)
+                out = self._run_static(batch, key, slot, marks, bool(want))
+            extras = {}
+            if want:
+                out, sparse, colbert = out
+                if "sparse" in want:
+                    extras["sparse"] = sparse[:t]                             # [T] f32
+                if "colbert" in want:
+                    extras["colbert"] = colbert[:t]                           # [T, Dc] f32
         if marks is not None:
             marks.append(("launched", time.perf_counter_ns()))
         fits = s <= slot.out.shape[0]
-        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None)
+        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None,
+                               extras=extras)
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))
@@ -245,7 +265,8 @@ class Engine:
         inv[s:] = 0.0
         return o + 2 * sb + 3
 
-    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot, marks: list | None = None) -> torch.Tensor:
+    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot, marks: list | None = None,
+                    heads: bool = False):
         sb, tb = key
         st = self.stats
         v = self._views.get(key)
@@ -265,11 +286,14 @@ class Engine:
             longest = max(batch.max_seqlen, tb - batch.num_tokens, 1)
             bound = min(bound, max(64, 1 << (longest - 1).bit_length()))
             key = (sb, tb, bound)
+        plan_key = key
+        if heads:
+            key = (*key, "m3")          # the graph with the heads; the attention plan is shared
         self.last_key = key
         o = 3 * tb
         cu_host = slot.staging[o:o + sb + 2]
         lens = np.diff(slot.np[o:o + sb + 2]).tolist()
-        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=key, cu_seqlens_host=cu_host))
+        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if self.device.type == "cuda":
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()
@@ -283,10 +307,10 @@ class Engine:
         if action == "eager":
             st.eager_runs += 1
             st.capture_refused = self.graphs.refused
-            return self._forward(v)
+            return self._forward(v, heads)
         if action == "capture":
             t0 = time.perf_counter()
-            self.graphs.capture(key, lambda: self._forward(v))
+            self.graphs.capture(key, lambda: self._forward(v, heads))
             st.capture_seconds += time.perf_counter() - t0
             st.graph_captures += 1
             st.graphs = self.graphs.num_captured
@@ -295,19 +319,20 @@ class Engine:
             st.graph_replays += 1
         return self.graphs.replay(key)
 
-    def _forward(self, v: _Views) -> torch.Tensor:
+    def _forward(self, v: _Views, heads: bool = False):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
         cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
-        return self._output(pool(hidden, cu, v.seq, v.inv, self.cfg.pooling))  # [Sb + 1, D] float32
+        emb = self._output(pool(hidden, cu, v.seq, v.inv, self.cfg.pooling))  # [Sb + 1, D] float32
+        if not heads:
+            return emb
+        return (emb, *self.heads(hidden))                                     # + [Tb] f32, [Tb, Dc] f32
 
     def _output(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Pooled [S, H] float32 -> the rows the caller gets: embeddings [S, H] or scores [S, 1]."""
-        if self.head is not None:
-            return self.head(pooled)
-        return maybe_normalize(pooled, self.cfg.normalize)
+        """Pooled [S, H] float32 -> embeddings [S, H] (normalized if the folder says) or scores [S, 1]."""
+        return self.head(pooled) if self.head is not None else maybe_normalize(pooled, self.cfg.normalize)
 
-    def _run_unpadded(self, batch: PackedBatch, slot: _Slot) -> torch.Tensor:
+    def _run_unpadded(self, batch: PackedBatch, slot: _Slot, heads: bool = False):
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
         dev = self.device
         st = self.stats
@@ -328,7 +353,10 @@ class Engine:
         be.plan(AttentionMetadata(cu, batch.max_seqlen, lens.tolist(), self.cfg.causal,
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
-        return self._output(pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling))   # [S, D] float32
+        emb = self._output(pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling))   # [S, D] float32
+        if not heads:
+            return emb
+        return (emb, *self.heads(hidden))                                     # + [T] f32, [T, Dc] f32
 
     # ---- helpers ----
     def precapture(self, configs) -> None:
@@ -347,4 +375,4 @@ class Engine:
         lens = np.array([len(t) for t in token_lists], dtype=np.int32)
         ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
         types = None if type_lists is None else np.concatenate([np.asarray(t, dtype=np.int32) for t in type_lists])
-        return self.step(PackedBatch(ids, lens, types)).synchronize()
+        return self.step(PackedBatch(ids, lens, token_type_ids=types)).synchronize()
