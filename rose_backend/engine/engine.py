@@ -26,6 +26,7 @@ from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.graph_cache import GraphCache, Key
 from rose_backend.engine.lazy_tensor import LazyTensor
+from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
 from rose_backend.models import build_model
@@ -51,30 +52,6 @@ class EngineStats:
     graph_memory_bytes: int = 0      # allocator bytes reserved by graphs and their pool
     capture_seconds: float = 0.0     # host time spent capturing
     startup_seconds: float = 0.0     # Engine() construction, weights and pre-capture included
-
-
-class _Slot:
-    """One entry of the ring of pinned host buffers (inputs staged, outputs returned)."""
-
-    def __init__(self, words: int, out_rows: int, dim: int, pinned: bool):
-        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)   # see Engine._stage
-        self.np = self.staging.numpy()
-        self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
-        self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
-        self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
-        self.lt: LazyTensor | None = None
-
-
-class _Views:
-    """Device views of one configuration (Sb, Tb) into the engine's static input buffer."""
-    __slots__ = ("ids", "pos", "seq", "cu", "inv", "words")
-
-    def __init__(self, buf: torch.Tensor, sb: int, tb: int):
-        o = 3 * tb
-        self.ids, self.pos, self.seq = buf[:tb], buf[tb:2 * tb], buf[2 * tb:o]   # [Tb] int32 each
-        self.cu = buf[o:o + sb + 2]                                              # [Sb + 2] int32
-        self.inv = buf[o + sb + 2:o + 2 * sb + 3].view(torch.float32).unsqueeze(1)  # [Sb + 1, 1] f32
-        self.words = o + 2 * sb + 3
 
 
 class Engine:
@@ -140,12 +117,12 @@ class Engine:
         self.graphs_on = cuda if graphs is None else bool(graphs)
         self.graphs = GraphCache(max_tokens, max_seqs, graph_memory_cap_bytes, enabled=self.graphs_on)
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
-        words = 3 * tb + 2 * sb + 3
+        words = Layout(sb, tb).words
         self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
         self._arange = np.arange(tb, dtype=np.int32)             # positions of a lone sequence
-        self._views: dict[Key, _Views] = {}
+        self._views: dict[Key, DeviceViews] = {}
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
-        self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
+        self._slots = [Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
         self._next_slot = 0
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
@@ -230,7 +207,7 @@ class Engine:
             marks.append(("copy_queued", time.perf_counter_ns()))
         return lt
 
-    def _take_slot(self) -> _Slot:
+    def _take_slot(self) -> Slot:
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         if slot.lt is not None and not slot.lt.done:
@@ -239,40 +216,17 @@ class Engine:
             slot.copied.synchronize()           # the staging's last host-to-device copy has run
         return slot
 
-    def _stage(self, batch: PackedBatch, sb: int, tb: int, slot: _Slot) -> int:
-        """Write the padded layout of `batch` for (sb, tb) into slot's pinned staging; return words."""
-        s, t = batch.num_seqs, batch.num_tokens
-        lens = batch.seq_lens.astype(np.int32)
-        a = slot.np
-        a[:t] = batch.input_ids
-        a[t:tb] = self.cfg.pad_token_id
-        if s == 1 and batch.token_type_ids is None:     # one sequence (the online case): no index math
-            a[tb:tb + t] = self._arange[:t]
-            a[2 * tb:2 * tb + t] = 0
-        else:
-            a[tb:tb + t] = batch.embedding_positions(self.type_stride)
-            a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
-        a[tb + t:2 * tb] = 0
-        a[2 * tb + t:3 * tb] = sb                                 # padding rows pool into the dummy
-        o = 3 * tb
-        cu = a[o:o + sb + 2]
-        cu[0] = 0
-        np.cumsum(lens, out=cu[1:s + 1])
-        cu[s + 1:sb + 1] = t                                      # empty sequences
-        cu[sb + 1] = tb                                           # the dummy holds the padding
-        inv = a[o + sb + 2:o + 2 * sb + 3].view(np.float32)
-        inv[:s] = 1.0 / lens
-        inv[s:] = 0.0
-        return o + 2 * sb + 3
-
-    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot, marks: list | None = None,
+    def _run_static(self, batch: PackedBatch, key: Key, slot: Slot, marks: list | None = None,
                     heads: bool = False):
         sb, tb = key
+        layout = Layout(sb, tb)
         st = self.stats
         v = self._views.get(key)
         if v is None:
-            v = self._views[key] = _Views(self._static, sb, tb)
-        words = self._stage(batch, sb, tb, slot)
+            v = self._views[key] = DeviceViews(self._static, layout)
+        types = batch.token_type_ids is not None and self.type_stride     # BERT segment ids: positions + type rows
+        words = stage(batch, layout, slot.np, self.cfg.pad_token_id, self._arange,
+                      batch.embedding_positions(self.type_stride) if types else None)
         self._static[:words].copy_(slot.staging[:words], non_blocking=True)
         if marks is not None:
             marks.append(("staged", time.perf_counter_ns()))
@@ -290,9 +244,8 @@ class Engine:
         if heads:
             key = (*key, "m3")          # the graph with the heads; the attention plan is shared
         self.last_key = key
-        o = 3 * tb
-        cu_host = slot.staging[o:o + sb + 2]
-        lens = np.diff(slot.np[o:o + sb + 2]).tolist()
+        cu_host = slot.staging[layout.cu]
+        lens = np.diff(slot.np[layout.cu]).tolist()
         be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if self.device.type == "cuda":
             if slot.copied is None:
@@ -319,7 +272,7 @@ class Engine:
             st.graph_replays += 1
         return self.graphs.replay(key)
 
-    def _forward(self, v: _Views, heads: bool = False):
+    def _forward(self, v: DeviceViews, heads: bool = False):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
         cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
@@ -332,7 +285,7 @@ class Engine:
         """Pooled [S, H] float32 -> embeddings [S, H] (normalized if the folder says) or scores [S, 1]."""
         return self.head(pooled) if self.head is not None else maybe_normalize(pooled, self.cfg.normalize)
 
-    def _run_unpadded(self, batch: PackedBatch, slot: _Slot, heads: bool = False):
+    def _run_unpadded(self, batch: PackedBatch, slot: Slot, heads: bool = False):
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
         dev = self.device
         st = self.stats

@@ -178,42 +178,21 @@ class EmbeddingService:
         batch); the loop thread collects and answers it, so the caller (Triton's execute) returns at
         once and requests arriving meanwhile queue in the pool and batch as usual."""
         r.next_seq = r.num_seqs
-        batch = ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs)
-        self._mark_batch(batch, "scheduled")
-        try:
-            handle = self.engine.step(batch.pack())
-        except Exception as e:
-            if is_out_of_memory(e):
-                self._split_and_retry(batch, e)
-            else:
-                log.exception("forward pass failed for a request of %d sequences / %d tokens",
-                              r.num_seqs, r.num_tokens)
-                self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
-            return
-        self._mark_step(batch)
-        with self._cond:
-            self.stats.batches += 1
-            self.stats.batch_tokens += batch.num_tokens
-            self._inflight.append((batch, handle))      # the loop thread wakes during the forward pass
+        self._launch(ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs))
 
-    def _mark_batch(self, batch: ScheduledBatch, stage: str) -> None:
+    def _mark(self, batch: ScheduledBatch, stage: str | None = None) -> None:
+        """Stage timing: `stage` now, or (None) the engine's own stages of the step just launched."""
         if self.clock is not None:
-            t = time.perf_counter_ns()
-            for p in batch.pieces:
-                self.clock.mark(p.request, stage, t)
-
-    def _mark_step(self, batch: ScheduledBatch) -> None:
-        """The engine's own stages of the step just launched (Engine.last_marks), for each request."""
-        if self.clock is not None:
-            for stage, t in getattr(self.engine, "last_marks", None) or ():
+            marks = [(stage, time.perf_counter_ns())] if stage else getattr(self.engine, "last_marks", None) or ()
+            for name, t in marks:
                 for p in batch.pieces:
-                    self.clock.mark(p.request, stage, t)
+                    self.clock.mark(p.request, name, t)
 
     def _launch(self, batch: ScheduledBatch) -> None:
         batch = batch.live()                  # a request may have failed since it was scheduled
         if batch is None:
             return
-        self._mark_batch(batch, "scheduled")
+        self._mark(batch, "scheduled")
         try:
             handle = self.engine.step(batch.pack())
         except Exception as e:
@@ -224,11 +203,11 @@ class EmbeddingService:
                           batch.num_seqs, batch.num_tokens)
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
             return
-        self._mark_step(batch)
-        self.stats.batches += 1
-        self.stats.batch_tokens += batch.num_tokens
+        self._mark(batch)
         with self._cond:
-            self._inflight.append((batch, handle))
+            self.stats.batches += 1
+            self.stats.batch_tokens += batch.num_tokens
+            self._inflight.append((batch, handle))      # after an inline launch, the loop thread wakes now
 
     def _split_and_retry(self, batch: ScheduledBatch, error: BaseException) -> None:
         """The forward pass of `batch` ran out of memory. Collect the batches in flight (their
@@ -279,7 +258,7 @@ class EmbeddingService:
             log.exception("collecting a batch failed")
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
         else:
-            self._mark_batch(batch, "result_on_host")
+            self._mark(batch, "result_on_host")
             self._deliver(batch, emb, getattr(handle, "extras", None))
 
     def _deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None = None) -> None:
