@@ -1,6 +1,6 @@
 # make serve   - install what is needed (first run) and serve the default model with tritonserver
 # make test    - install the test dependencies and run the whole CPU test suite
-# Variables: MODEL=<HF folder>  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
+# Variables: MODEL=<HF folder>  KIND=auto|embedding|cross-encoder|qwen3-reranker  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
 #            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)  API_KEY=...
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
 PY ?= python3
@@ -14,6 +14,7 @@ GATEWAY_PORT ?= 8080
 ADDRESS ?= 127.0.0.1
 REPLICAS ?= 1
 MODEL ?=
+KIND ?=
 GPUS ?=
 PYTEST_ARGS ?=
 
@@ -43,7 +44,7 @@ serve: install
 	$(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
-	  $(if $(MODEL),--model "$(MODEL)") $(if $(GPUS),--gpus "$(GPUS)")
+	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)")
 
 test: $(VENV)/.test-installed
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
