@@ -30,6 +30,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, cache_env, check_ports_free, die_with_parent,
+                                      exit_timeout_for, reap, set_parent_death_signal)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 MODELS = ("tokenize", "rose", "embed")
@@ -176,9 +179,16 @@ class TritonProcess:
 
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
-                 extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0):
+                 extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
+                 die_with_parent: bool = True):
+        """die_with_parent: the server is SIGKILLed when the thread that start()ed it dies (keep
+        that thread alive as long as the server, e.g. start servers from the main thread)."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
+        self.die_with_parent = die_with_parent
+        self.exit_timeout = exit_timeout_for(self.repository)
         self.ports, self.address = ports or Ports(), address
+        # every stub and /dev/shm segment of this server carries this prefix (reap() finds them)
+        self.shm_prefix = f"rose_{os.getpid()}_{self.ports.grpc}_"
         self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
         self.proc: subprocess.Popen | None = None
 
@@ -188,18 +198,28 @@ class TritonProcess:
                f"--metrics-port={self.ports.metrics}", f"--grpc-address={self.address}",
                f"--http-address={self.address}", f"--metrics-address={self.address}",
                # each server's Python-backend shared memory regions get their own names
-               f"--backend-config=python,shm-region-prefix-name=rose_{os.getpid()}_{self.ports.grpc}_",
-               "--exit-timeout-secs=30", f"--log-verbose={self.verbose}"]
+               f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+               f"--exit-timeout-secs={self.exit_timeout}", f"--log-verbose={self.verbose}"]
         if install.backend_dir is not None:
             cmd.append(f"--backend-directory={install.backend_dir}")
         return cmd + self.extra_args
 
+    def check_ports(self) -> None:
+        """LaunchError naming the port if one of this server's ports is already taken."""
+        try:
+            check_ports_free(self.address, {"gRPC": self.ports.grpc, "HTTP": self.ports.http,
+                                            "metrics": self.ports.metrics})
+        except PortInUse as e:
+            raise LaunchError(str(e)) from None
+
     def start(self) -> "TritonProcess":
+        self.check_ports()
         install = find_triton()
-        env = server_env(self.model_dir, install, self.env)
+        env = cache_env(server_env(self.model_dir, install, self.env))
         out = open(self.log_file, "ab") if self.log_file else None
         self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None, cwd=stub_site(env),
-                                     stderr=subprocess.STDOUT if out else None, start_new_session=True)
+                                     stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                                     preexec_fn=die_with_parent if self.die_with_parent else None)
         if out:
             out.close()
         return self
@@ -231,15 +251,22 @@ class TritonProcess:
         raise LaunchError(f"tritonserver was not ready within {timeout:.0f} s"
                           + (f"; see {self.log_file}" if self.log_file else ""))
 
-    def stop(self, timeout: float = 40.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)      # tritonserver drains in-flight requests, then exits
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait()
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, then SIGKILL to the server's process group if it has not exited `timeout`
+        seconds later (default: its exit timeout + 2 s, i.e. drain_timeout_s + 5 s); then remove
+        whatever of it is left (a stub, a stub's /dev/shm segment). Returns the exit code."""
+        timeout = self.exit_timeout + KILL_MARGIN_S if timeout is None else timeout
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)      # tritonserver drains in-flight requests, then exits
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        reap(self.shm_prefix)
+        return self.proc.returncode
 
     def __enter__(self):
         self.start()
@@ -299,8 +326,14 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGTERM)     # `make serve` killed: stop the servers cleanly
+    if os.getppid() != parent:
+        return 1
     t0 = time.monotonic()
     try:
+        for s in servers:
+            s.check_ports()                     # every replica's ports, before anything starts
         for s in servers:
             s.start()
         for s in servers:

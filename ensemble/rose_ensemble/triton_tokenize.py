@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
+from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
 from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
@@ -20,6 +21,7 @@ from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
 class TokenizeModel:
     def initialize(self, args):
         check_numpy_interop(pb_utils, "tokenize")
+        watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
         params = ModelParameters(args["model_config"])
         try:
             self.tokenizer = TextTokenizer.from_folder(

@@ -33,6 +33,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
+from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService, Unavailable
 from rose_backend.serving.validation import RequestLimits, validate_tokens
@@ -50,6 +51,7 @@ class RoseModel:
         import torch   # loaded here so that importing this module stays cheap
 
         check_numpy_interop(pb_utils, "rose")
+        watch_parent("rose")        # exit with the server, even if the stub's own exit deadlocks
         params = ModelParameters(args["model_config"])
         try:
             cfg = ModelConfig.from_folder(resolve_model_dir(params.str("model_dir") or None))
