@@ -12,12 +12,20 @@ config.pbtxt parameters (all optional):
     max_batch_tokens     token budget of one forward pass (default 16384)
     max_batch_seqs       sequence cap of one forward pass (default 64)
     max_inflight         batches launched but not yet collected (default 2)
-    precapture           "seqs:tokens,..." configurations whose CUDA graphs are captured at start-up
-                         (default none: every configuration is captured lazily on its second sight)
+    precapture           "seqs:tokens,..." configurations warmed up (and their CUDA graphs captured)
+                         in initialize(), so the model is READY only once kernels are compiled (JIT)
+                         and the common shapes captured; "none" for none. Default on a GPU:
+                         warmup.DEFAULT_GPU_PRECAPTURE (single sequences 64..512 tokens, batches to 16384
+                         tokens), on the CPU one tiny batch; fitted to the model's positions and
+                         the batch limits. Other configurations are captured on their second sight.
     max_queued_tokens    tokens waiting in the pool before new requests are refused as
                          overloaded (default 1048576; 0 = unbounded)
     max_request_seqs     sequences per request (default 4096)
     max_request_tokens   tokens per request (default 1048576)
+    gpu_memory_headroom_mb  0 (default): no cap. N: after warm-up, cap this process's CUDA memory at
+                         what it holds plus N MiB (torch.cuda.set_per_process_memory_fraction), so
+                         batches needing more run out of memory and are split and retried: a
+                         test/soak knob to force out-of-memory on a large GPU, or to share one
     drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
                          left gets a "shutting down" error (default 20)
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import triton_python_backend_utils as pb_utils
 
@@ -37,6 +46,7 @@ from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService, Unavailable
 from rose_backend.serving.validation import RequestLimits, validate_tokens
+from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
 from rose_backend.triton_interop import check_numpy_interop
 from rose_backend.triton_params import ModelParameters
 
@@ -68,7 +78,14 @@ class RoseModel:
                 cfg, device=device, dtype=dtype, attention=params.str("attention") or None,
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
                 max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=max_batch_seqs,
-                max_inflight=max_inflight, precapture=_parse_precapture(params.str("precapture")))
+                max_inflight=max_inflight)
+            warm = precapture_plan(params.str("precapture"), device.startswith("cuda"),
+                                   max_tokens=max(max_batch_tokens, cfg.max_positions),
+                                   max_seqs=max_batch_seqs, max_len=cfg.max_positions)
+            t0 = time.perf_counter()
+            self.engine.precapture(warm)
+            log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
+            cap_gpu_memory(device, params.int("gpu_memory_headroom_mb", 0, minimum=0), torch)
             self.limits = RequestLimits(
                 max_seq_len=cfg.max_positions,
                 vocab_size=cfg.vocab_size,
@@ -136,18 +153,6 @@ class RoseModel:
         log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
         self.service.stop(self.drain_timeout)
         self.metrics.stop()
-
-
-def _parse_precapture(value: str) -> list[tuple[int, int]]:
-    """Parameter `precapture`: "seqs:tokens,seqs:tokens" configurations to capture at start-up."""
-    out = []
-    for item in filter(None, (v.strip() for v in value.split(","))):
-        try:
-            seqs, tokens = (int(x) for x in item.split(":"))
-        except ValueError:
-            raise ValueError(f"parameter 'precapture' takes seqs:tokens pairs like 1:128,8:4096; got {item!r}") from None
-        out.append((seqs, tokens))
-    return out
 
 
 class _Metrics:
