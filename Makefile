@@ -2,6 +2,7 @@
 # make test    - install the test dependencies and run the whole CPU test suite
 # Variables: MODEL=<HF folder>  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
+#            ROSE_CACHE_DIR=~/.cache/rose (persistent compile caches: flashinfer JIT, Triton kernels)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,6 +14,7 @@ REPLICAS ?= 1
 MODEL ?=
 GPUS ?=
 PYTEST_ARGS ?=
+ROSE_CACHE_DIR ?= $(HOME)/.cache/rose
 
 .PHONY: serve test test-gpu install clean
 
@@ -35,7 +37,7 @@ $(VENV)/.test-installed: $(VENV)/.installed
 	@touch $@
 
 serve: install
-	$(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
+	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(GPUS),--gpus "$(GPUS)")
 

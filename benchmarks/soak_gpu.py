@@ -21,6 +21,7 @@ be split and retried (rose_oom_splits_total > 0) and answered correctly. JSON to
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,9 @@ from rose_backend.supervision import processes_with  # noqa: E402
 from rose_client import ConnectionLost, ServerError, StreamConnection  # noqa: E402
 from rose_client.bench.__main__ import git_commit, host_info, save_json  # noqa: E402
 
-BAD_KINDS = ["fp32", "2d", "missing", "extra", "vocab", "lens"]
+# malformed kind -> what its error must say
+BAD_KINDS = {"fp32": "data-type", "2d": "shape", "missing": "SEQ_LENS|expected 2 inputs", "extra": "NORMALIZE",
+             "vocab": "vocabulary", "lens": "SEQ_LENS"}
 
 
 class Pool:
@@ -145,12 +148,13 @@ class Soak:
         self.note("ok", (time.perf_counter() - t) * 1e3)
 
     def bad(self, conn, rng) -> None:
-        kind = BAD_KINDS[int(rng.integers(len(BAD_KINDS)))]
+        kind = list(BAD_KINDS)[int(rng.integers(len(BAD_KINDS)))]
         try:
             conn.infer("rose", malformed(kind, self.vocab)).result(self.args.timeout)
             self.note("malformed accepted")
-        except ServerError:
-            self.note("malformed (refused, expected)")
+        except ServerError as e:
+            clear = re.search(BAD_KINDS[kind], str(e))
+            self.note("malformed (refused, expected)" if clear else f"malformed {kind}: unclear error {str(e)[:60]}")
         except Exception as e:
             self.note(f"malformed: {type(e).__name__}")
 
@@ -165,6 +169,8 @@ class Soak:
             self.note("cancelled (answered first)")
         except ConnectionLost:
             self.note("cancelled (expected)")
+        except ServerError as e:
+            self.note("cancelled: overloaded" if "overloaded" in str(e) else f"cancelled: error: {str(e)[:60]}")
         except Exception as e:
             self.note(f"cancelled: {type(e).__name__}")
 
@@ -273,6 +279,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=None, help="max cosine distance to the reference (default 2e-3 GPU, 1e-4 CPU)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a request counts as unanswered")
     ap.add_argument("--oom", action="store_true", help="also the forced out-of-memory phase (GPU only)")
+    ap.add_argument("--oom-only", action="store_true", help="only the reference rows and the out-of-memory phase")
     ap.add_argument("--oom-headroom-mb", type=int, default=512)
     ap.add_argument("--oom-batch-tokens", type=int, default=65536)
     ap.add_argument("--workdir", default=None)
@@ -303,17 +310,27 @@ def main(argv=None) -> int:
     try:
         print(f"[soak] server ready; embedding {len(pool.ids)} reference sequences alone", flush=True)
         pool.fill(srv.grpc_url)
+        if args.oom_only:
+            srv.stop()
+            result["oom"] = oom_phase(args, folder, work, pool, params)
+            save_json(out, result, t_start)
+            print(f"oom: {result['oom']}\nwrote {out}")
+            return 0 if result["oom"]["oom_splits"] > 0 and not result["oom"]["wrong"] else 1
         soak = Soak(args, srv.grpc_url, pool, cfg.vocab_size)
         threads = [threading.Thread(target=soak.client, args=(i,), daemon=True) for i in range(args.clients)]
         for t in threads:
             t.start()
-        minutes, burst = [], None
+        minutes, burst, samples = [], None, []
         n_min = max(1, int(np.ceil(args.minutes)))
+        burst_at = soak.t0 + args.minutes * 30                     # halfway
         for m in range(n_min):
             end = soak.t0 + min(args.minutes, m + 1) * 60
-            if m == n_min // 2:
-                burst = soak.burst(args.max_queued_tokens)
-            time.sleep(max(0.0, end - time.monotonic()))
+            while (now := time.monotonic()) < end:                  # memory every 10 s
+                if burst is None and now >= burst_at:
+                    burst = soak.burst(args.max_queued_tokens)
+                pids = server_processes(srv)
+                samples.append({"t_s": round(now - soak.t0, 1), "rss_mib": rss_mib(pids), "gpu_mib": gpu_mib(pids)})
+                time.sleep(max(0.0, min(10.0, end - time.monotonic())))
             pids = server_processes(srv)
             lat = np.array(soak.lat.get(m, []) or [np.nan])
             row = {"minute": m + 1, "ok": int(np.isfinite(lat).sum()), "p50_ms": round(float(np.nanpercentile(lat, 50)), 1),
@@ -327,9 +344,13 @@ def main(argv=None) -> int:
         t_term = time.monotonic()
         code = srv.stop()
         stop_s = round(time.monotonic() - t_term, 1)
-        rss = [r["rss_mib"] for r in minutes]
+        # growth after warm-up: from the first sample past a quarter of the run to the last
+        after = [x for x in samples if x["t_s"] >= args.minutes * 15] or samples
+        rss = [x["rss_mib"] for x in after] + [minutes[-1]["rss_mib"]]
+        gpu = [x["gpu_mib"] for x in after if x["gpu_mib"] is not None]
         result.update(minutes=minutes, counts=dict(soak.counts), burst=burst, stop_s=stop_s, exit_code=code,
-                      rss_growth_pct=round(100 * (rss[-1] - rss[0]) / rss[0], 1) if rss and rss[0] else None,
+                      samples=samples, rss_growth_pct=round(100 * (rss[-1] - rss[0]) / rss[0], 1) if rss[0] else None,
+                      gpu_mib_after_warmup=[min(gpu), max(gpu)] if gpu else None,
                       wrong=soak.counts["wrong"], unanswered=soak.counts["unanswered"])
         save_json(out, result, t_start)
         if args.oom and cuda:
@@ -349,7 +370,8 @@ def summary(r: dict) -> str:
                      f"{m['gpu_mib'] if m['gpu_mib'] is not None else '-':>8}  {m['errors']}")
     lines.append(f"counts: {r['counts']}")
     lines.append(f"burst: {r['burst']}")
-    lines.append(f"wrong {r['wrong']}, unanswered {r['unanswered']}, RSS growth {r['rss_growth_pct']}%, "
+    lines.append(f"wrong {r['wrong']}, unanswered {r['unanswered']}, RSS growth after warm-up {r['rss_growth_pct']}%, "
+                 f"GPU MiB after warm-up (min, max) {r['gpu_mib_after_warmup']}, "
                  f"SIGTERM -> exit {r['stop_s']} s (code {r['exit_code']})")
     if "oom" in r:
         lines.append(f"oom: {r['oom']}")

@@ -33,10 +33,17 @@ class PortInUse(RuntimeError):
     pass
 
 
+try:                       # loaded once here: die_with_parent() runs between fork and exec
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):       # not Linux/glibc: no parent-death signal
+    _prctl = None
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send `sig` to this process when its parent (thread) dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    """Ask the kernel to send `sig` to this process when its parent (thread) dies (Linux only)."""
+    if _prctl is None:
+        return
+    if _prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
