@@ -245,7 +245,7 @@ def start(folder, repo, log_file) -> TritonProcess:
 def oom_phase(args, folder, work: Path, pool: Pool, params: dict) -> dict:
     """A server capped at warm-up memory + headroom; batches too big for it are split and retried."""
     p = {**params, "rose": {**params["rose"], "gpu_memory_headroom_mb": str(args.oom_headroom_mb),
-                            "precapture": "none", "max_batch_tokens": str(args.oom_batch_tokens)}}
+                            "precapture": "none", "cuda_graphs": "off", "max_batch_tokens": str(args.oom_batch_tokens)}}
     srv = start(folder, repository_copy(DEFAULT_REPOSITORY, work / "repo-oom", p), work / "server-oom.log")
     try:
         conn = StreamConnection(srv.grpc_url)

@@ -22,6 +22,7 @@ config.pbtxt parameters (all optional):
                          overloaded (default 1048576; 0 = unbounded)
     max_request_seqs     sequences per request (default 4096)
     max_request_tokens   tokens per request (default 1048576)
+    cuda_graphs          auto (default: on a GPU) | off (every batch eager; e.g. to force out of memory)
     gpu_memory_headroom_mb  0 (default): no cap. N: after warm-up, cap this process's CUDA memory at
                          what it holds plus N MiB (torch.cuda.set_per_process_memory_fraction), so
                          batches needing more run out of memory and are split and retried: a
@@ -78,7 +79,7 @@ class RoseModel:
                 cfg, device=device, dtype=dtype, attention=params.str("attention") or None,
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
                 max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=max_batch_seqs,
-                max_inflight=max_inflight)
+                max_inflight=max_inflight, graphs=_on_off(params.str("cuda_graphs", "auto")))
             warm = precapture_plan(params.str("precapture"), device.startswith("cuda"),
                                    max_tokens=max(max_batch_tokens, cfg.max_positions),
                                    max_seqs=max_batch_seqs, max_len=cfg.max_positions)
@@ -153,6 +154,12 @@ class RoseModel:
         log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
         self.service.stop(self.drain_timeout)
         self.metrics.stop()
+
+
+def _on_off(value: str) -> bool | None:
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"parameter 'cuda_graphs' must be auto, on or off, got {value!r}")
+    return None if value == "auto" else value == "on"
 
 
 class _Metrics:
