@@ -203,7 +203,8 @@ def test_overloaded_answers_at_once(engine):
 def test_stop_answers_every_request_within_the_drain_time(engine):
     slow = Slow(engine, 0.1)
     done = []
-    svc = EmbeddingService(slow, done.append, max_batch_tokens=64, max_batch_seqs=4)
+    # inline off: submitted one by one to an idle service, each request would run on this thread
+    svc = EmbeddingService(slow, done.append, max_batch_tokens=64, max_batch_seqs=4, inline=False)
     requests = [Request(np.full(64, 2000 + i, np.int32), np.full(4, 16, np.int32)) for i in range(40)]
     for r in requests:
         svc.submit(r)

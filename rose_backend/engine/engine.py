@@ -135,6 +135,8 @@ class Engine:
         self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
         self._next_slot = 0
         self.stats = EngineStats()
+        self.mark_stages = False                 # True: step() leaves its stage times in last_marks
+        self.last_marks: list[tuple[str, int]] = []
         self.graphs.start(self.device)
         if precapture:
             self.precapture(precapture)
@@ -185,15 +187,20 @@ class Engine:
         st.batches += 1
         st.tokens += t
         st.sequences += s
+        self.last_marks = marks = [] if self.mark_stages else None
         slot = self._take_slot()
         key = self.graphs.key_for(s, t) if self.graphs_on else None
         with torch.inference_mode():
             if key is None:
                 out = self._run_unpadded(batch, slot)
             else:
-                out = self._run_static(batch, key, slot)
+                out = self._run_static(batch, key, slot, marks)
+        if marks is not None:
+            marks.append(("launched", time.perf_counter_ns()))
         lt = LazyTensor.launch(out, s, host=slot.out if s <= slot.out.shape[0] else None)
         slot.lt = lt
+        if marks is not None:
+            marks.append(("copy_queued", time.perf_counter_ns()))
         return lt
 
     def _take_slot(self) -> _Slot:
@@ -227,7 +234,7 @@ class Engine:
         inv[s:] = 0.0
         return o + 2 * sb + 3
 
-    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot) -> torch.Tensor:
+    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot, marks: list | None = None) -> torch.Tensor:
         sb, tb = key
         st = self.stats
         v = self._views.get(key)
@@ -235,6 +242,8 @@ class Engine:
             v = self._views[key] = _Views(self._static, sb, tb)
         words = self._stage(batch, sb, tb, slot)
         self._static[:words].copy_(slot.staging[:words], non_blocking=True)
+        if marks is not None:
+            marks.append(("staged", time.perf_counter_ns()))
         be = self._use(self.backend_for(sb, tb))
         # max_seqlen is baked into captured launches: a fixed bound per configuration (real
         # sequences fit the model's positions; the dummy holds < 256 tokens of padding). Backends
@@ -254,6 +263,8 @@ class Engine:
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()
             slot.copied.record()
+        if marks is not None:
+            marks.append(("planned", time.perf_counter_ns()))
         st.padded_tokens += tb
         action = self.graphs.action(key)
         if action != "eager" and self.device.type == "cuda" and not be.supports_cuda_graphs:

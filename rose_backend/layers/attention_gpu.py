@@ -114,8 +114,9 @@ class FlashInferBackend(AttentionBackend):
     device_types = ("cuda",)
     # Graph mode's split-KV scratch grows with the batch: 256 MB served up to 8192 tokens in the H200
     # sweep and overflowed past it. The workspace is sized from $ROSE_FLASHINFER_WORKSPACE_MB
-    # (default 256) and the token limit scales with it (8192 tokens per 256 MB).
-    float_workspace_bytes = int(os.environ.get("ROSE_FLASHINFER_WORKSPACE_MB", "256")) << 20
+    # (default 512: the 16384-token batches of the default budget) and the token limit scales
+    # with it (8192 tokens per 256 MB; 2048 MB served 100 x 512 = 51200 tokens on the H200).
+    float_workspace_bytes = int(os.environ.get("ROSE_FLASHINFER_WORKSPACE_MB", "512")) << 20
     max_tokens = 8192 * max(1, float_workspace_bytes // (256 << 20))
     int_workspace_bytes = (8 << 20) * max(1, float_workspace_bytes // (256 << 20))
 

@@ -9,9 +9,10 @@ Per layer: RMSNorm (fused with the residual add from the second norm on), fused 
 per-head q/k RMSNorm, RoPE from positions, grouped-query attention, output projection,
 add + RMSNorm, fused gate/up projection, SiLU-and-mul, down projection.
 
-On CUDA in bf16/fp16, with flashinfer installed, the norms, RoPE and SiLU-and-mul run as
-flashinfer kernels (fused_add_rmsnorm, per-head rmsnorm on strided views, cos/sin-cache RoPE in
-place); elsewhere they are plain torch with Hugging Face's float32 numerics. Both paths are pure
+On CUDA in bf16/fp16, with flashinfer installed, the residual norms and SiLU-and-mul run as
+flashinfer kernels (fused_add_rmsnorm, silu_and_mul) and the per-head q/k norms with RoPE as one
+kernel of ours (layers/qk_norm_rope.py, in place on the QKV output); elsewhere they are plain torch
+with Hugging Face's float32 numerics. Both paths are pure
 device work with fixed shapes: the forward can be captured in a CUDA graph.
 """
 from __future__ import annotations
@@ -30,8 +31,9 @@ from rose_backend.loading import iter_safetensors, strip_prefix
 
 try:                                        # optional GPU kernels; the CPU path never needs them
     import flashinfer
+    from rose_backend.layers.qk_norm_rope import qk_norm_rope_
 except ImportError:                         # pragma: no cover - depends on the machine
-    flashinfer = None
+    flashinfer = qk_norm_rope_ = None
 
 _PREFIXES = ("model.",)                     # Qwen3ForCausalLM keeps the decoder under "model."
 _SKIPPED = ("lm_head.",)                    # the LM head (tied or not) plays no part in embeddings
@@ -69,15 +71,6 @@ class AddRMSNorm(RMSNorm):
         return super().forward(x), x
 
 
-class HeadRMSNorm(RMSNorm):
-    """RMSNorm over head_dim of [T, H, D] (Qwen3's q_norm / k_norm); strided views are fine."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused(x):
-            return flashinfer.norm.rmsnorm(x, self.weight, self.eps)
-        return super().forward(x)
-
-
 class Qwen3Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
         super().__init__()
@@ -87,23 +80,24 @@ class Qwen3Attention(nn.Module):
         bias = bool(cfg.raw.get("attention_bias", False))
         self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.q_size, h, bias=bias)
-        self.q_norm = HeadRMSNorm(d, eps=cfg.norm_eps)
-        self.k_norm = HeadRMSNorm(d, eps=cfg.norm_eps)
+        self.q_norm = RMSNorm(d, eps=cfg.norm_eps)      # per head, over D
+        self.k_norm = RMSNorm(d, eps=cfg.norm_eps)
         self.rotary = [rotary]              # shared with the other layers; a list keeps it out of state_dict
         self.attn: AttentionBackend | None = None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.view(t, self.num_heads, self.head_dim))                       # [T, Hq, D]
-        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))                    # [T, Hkv, D]
+        qkv = self.qkv_proj(x)                                                          # [T, (Hq + 2 Hkv) D]
+        rope, fused = self.rotary[0], _fused(qkv)
+        if fused:             # q/k norms and RoPE in one kernel, in place on qkv's q and k columns
+            qk_norm_rope_(qkv, positions, self.q_norm.weight, self.k_norm.weight, rope.cos_sin_cache,
+                          self.num_heads, self.num_kv_heads, self.q_norm.eps)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)                                    # [T, Hq, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)                                 # [T, Hkv, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)                                 # [T, Hkv, D]
-        rope = self.rotary[0]
-        if _fused(q):
-            flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
-                positions, q, k, self.head_dim, rope.cos_sin_cache, is_neox=True)
-        else:
-            q, k = rope(positions, q, k)
+        if not fused:
+            q, k = rope(positions, self.q_norm(q), self.k_norm(k))
         return self.o_proj(self.attn.run(q, k, v).reshape(t, self.q_size))              # [T, H]
 
 

@@ -35,6 +35,7 @@ class Request:
     error_kind: str = field(init=False, default="internal")   # internal | unavailable | cancelled
     admitted_at: float = field(init=False, default_factory=time.monotonic)
     finished: bool = field(init=False, default=False)
+    marks: list = field(init=False, default_factory=list)         # (stage, ns) when stage timing is on
 
     def __post_init__(self):
         self.offsets = np.zeros(len(self.seq_lens) + 1, dtype=np.int64)

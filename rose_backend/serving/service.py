@@ -1,6 +1,7 @@
 """EmbeddingService: the scheduler thread and the completion side, independent of Triton.
 
-    submit(request) -> the pool                       (any thread; returns at once)
+    submit(request) -> the pool                       (any thread; returns at once, or runs the
+                                                       request itself when the service is idle)
     loop thread:  collect finished batches (in launch order, never blocking)
                   form the next FCFS batch and launch it: engine.step(batch) -> LazyTensor
                   with nothing left to launch, block on the oldest batch in flight
@@ -9,6 +10,14 @@
 
 The next batch is launched before the previous one is collected (up to `max_inflight` in flight),
 so the device never waits for the host between batches.
+
+Inline path (`inline=True`, the default): a request that arrives while the service is idle (nothing
+queued, nothing in flight, nothing being launched) and fits in one batch is run by the submitting
+thread itself, step to response, so a lone request pays no hand-over to the loop thread. While it
+runs, the loop thread launches nothing; requests that arrive meanwhile queue as usual.
+
+Stage timing: with a StageClock (serving/stage_clock.py) each request is marked at every stage of
+its host path, and the engine's step is split into its own stages.
 
 Failure handling (the service keeps serving through all of these):
     overload      submit() raises Overloaded once `max_queued_tokens` are waiting (answer at once,
@@ -34,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
+from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +106,13 @@ class HostMemoryTrimmer:
 
 class EmbeddingService:
     def __init__(self, engine, on_complete: Callable[[Request], None], *, max_batch_tokens: int = 8192,
-                 max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 0):
+                 max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 0,
+                 inline: bool = True, clock=None):
         self.engine = engine
         self.on_complete = on_complete
+        self.inline = inline
+        self.clock = clock                                   # a StageClock, or None
+        self._busy = False                                   # a thread is running the engine's step
         self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs)
         self.max_inflight = max(1, max_inflight)
         self.max_queued_tokens = max_queued_tokens          # 0: unbounded
@@ -123,9 +136,22 @@ class EmbeddingService:
                     and self.scheduler.queued_tokens > 0:
                 raise Overloaded(f"overloaded: {self.scheduler.queued_tokens} tokens already queued "
                                  f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
-            self.scheduler.add(request)
             self.stats.requests += 1
-            self._cond.notify()
+            inline = (self.inline and not self._busy and not self._inflight and not self.scheduler.has_work()
+                      and request.num_tokens <= self.scheduler.max_batch_tokens
+                      and request.num_seqs <= self.scheduler.max_batch_seqs)
+            if inline:
+                self._busy = True
+            else:
+                self.scheduler.add(request)
+                self._cond.notify()
+        if inline:
+            try:
+                self._run_inline(request)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify()
 
     @property
     def queued_tokens(self) -> int:
@@ -157,22 +183,28 @@ class EmbeddingService:
         while True:
             batch = None
             with self._cond:
-                while not self._stopping and not self.scheduler.has_work() and not self._inflight:
-                    self._cond.wait()
+                while not self._abort and not self._inflight and (
+                        self._busy or (not self._stopping and not self.scheduler.has_work())):
+                    self._cond.wait()             # idle, or an inline request owns the engine
                 if self._stopping and not self.scheduler.has_work() and not self._inflight:
                     return
                 if self._abort:
                     self._abort_all()
                     return
-                if len(self._inflight) < self.max_inflight:
+                if len(self._inflight) < self.max_inflight and not self._busy:
                     batch = self.scheduler.next_batch()
+                    self._busy = batch is not None     # no inline step until this one is launched
                 gone = self.scheduler.take_cancelled()
             try:
                 for r in gone:
                     self._finish_cancelled(r)
                 self._collect(block=False)
                 if batch is not None:
-                    self._launch(batch)
+                    try:
+                        self._launch(batch)
+                    finally:
+                        with self._cond:
+                            self._busy = False
                 elif self._inflight:
                     self._collect(block=True)
             except Exception:  # never let the loop die: that would strand every request
@@ -199,10 +231,45 @@ class EmbeddingService:
         finally:
             self._cond.acquire()
 
+    def _run_inline(self, r: Request) -> None:
+        """Run one whole request now, on the calling thread (the service is idle and owns no batch)."""
+        r.next_seq = r.num_seqs
+        batch = ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs)
+        self._mark_batch(batch, "scheduled")
+        try:
+            handle = self.engine.step(batch.pack())
+        except Exception as e:
+            if is_out_of_memory(e):
+                self._split_and_retry(batch, e)
+            else:
+                log.exception("forward pass failed for a request of %d sequences / %d tokens",
+                              r.num_seqs, r.num_tokens)
+                self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
+            return
+        self._mark_step(batch)
+        with self._cond:
+            self.stats.batches += 1
+            self.stats.batch_tokens += batch.num_tokens
+        self._collect_one(batch, handle)
+
+    def _mark_batch(self, batch: ScheduledBatch, stage: str) -> None:
+        if self.clock is not None:
+            t = time.perf_counter_ns()
+            for p in batch.pieces:
+                self.clock.mark(p.request, stage, t)
+
+    def _mark_step(self, batch: ScheduledBatch) -> None:
+        """The engine's own stages of the step just launched (Engine.last_marks), for each request."""
+        if self.clock is not None:
+            for stage, t in getattr(self.engine, "last_marks", None) or ():
+                for p in batch.pieces:
+                    self.clock.mark(p.request, stage, t)
+
     def _launch(self, batch: ScheduledBatch) -> None:
         batch = batch.live()                  # a request may have failed since it was scheduled
         if batch is None:
             return
+        self._mark_batch(batch, "scheduled")
         try:
             handle = self.engine.step(batch.pack())
         except Exception as e:
@@ -213,9 +280,11 @@ class EmbeddingService:
                           batch.num_seqs, batch.num_tokens)
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
             return
+        self._mark_step(batch)
         self.stats.batches += 1
         self.stats.batch_tokens += batch.num_tokens
-        self._inflight.append((batch, handle))
+        with self._cond:
+            self._inflight.append((batch, handle))
 
     def _split_and_retry(self, batch: ScheduledBatch, error: BaseException) -> None:
         """The forward pass of `batch` ran out of memory. Collect the batches in flight (their
@@ -252,15 +321,21 @@ class EmbeddingService:
 
     def _collect(self, block: bool) -> None:
         while self._inflight and (block or self._inflight[0][1].ready()):
-            batch, handle = self._inflight.popleft()
-            try:
-                emb = handle.synchronize()                      # [S, D] float32
-            except Exception as e:
-                log.exception("collecting a batch failed")
-                self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
-            else:
-                self._deliver(batch, emb)
+            batch, handle = self._inflight[0]
+            self._collect_one(batch, handle)
+            with self._cond:            # popped only once delivered: an inline step waits for it
+                self._inflight.popleft()
             block = False                                       # block for the oldest one only
+
+    def _collect_one(self, batch: ScheduledBatch, handle) -> None:
+        try:
+            emb = handle.synchronize()                          # [S, D] float32
+        except Exception as e:
+            log.exception("collecting a batch failed")
+            self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
+        else:
+            self._mark_batch(batch, "result_on_host")
+            self._deliver(batch, emb)
 
     def _deliver(self, batch: ScheduledBatch, emb: np.ndarray) -> None:
         for p in batch.pieces:
@@ -308,10 +383,14 @@ class EmbeddingService:
             self.stats.completed += 1
         else:
             self.stats.failed += 1
+        if self.clock is not None:
+            self.clock.mark(r, "sliced")
         try:
             self.on_complete(r)
         except Exception:
             log.exception("sending a response failed")
+        if self.clock is not None and r.error is None:
+            self.clock.finish(r)
         _release(r)
 
 

@@ -29,6 +29,10 @@ config.pbtxt parameters (all optional):
                          test/soak knob to force out-of-memory on a large GPU, or to share one
     drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
                          left gets a "shutting down" error (default 20)
+    inline_execute       true | false: a request arriving while nothing is queued or running is run
+                         inside execute() itself, with no hand-over to the scheduler thread (default true)
+Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
+and the summary written to <folder>/rose_<pid>.json when the model unloads (serving/stage_clock.py).
 
 Error codes: bad input INVALID_ARG; overloaded / shutting down UNAVAILABLE ("retry later");
 cancelled CANCELLED; a failed forward pass INTERNAL. Every request gets exactly one response,
@@ -36,6 +40,7 @@ with the FINAL flag, and nothing after it.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -46,6 +51,7 @@ from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService, Unavailable
+from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.validation import RequestLimits, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
 from rose_backend.triton_interop import check_numpy_interop
@@ -93,12 +99,18 @@ class RoseModel:
                 max_request_seqs=params.int("max_request_seqs", 4096, minimum=1),
                 max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
             )
+            inline = params.str("inline_execute", "true").lower()
+            if inline not in ("true", "false"):
+                raise ValueError(f"parameter 'inline_execute' must be true or false, got {inline!r}")
+            self.clock = StageClock.from_env("rose")
+            self.engine.mark_stages = self.clock is not None
             self.service = EmbeddingService(
                 self.engine, self._respond,
                 max_batch_tokens=max_batch_tokens,
                 max_batch_seqs=max_batch_seqs,
                 max_inflight=max_inflight,
                 max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
+                inline=inline == "true", clock=self.clock,
             )
             self.drain_timeout = params.int("drain_timeout_s", 20, minimum=0)
         except Exception as e:
@@ -106,6 +118,8 @@ class RoseModel:
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
         log.info("rose: %s on %s, %d-dim embeddings, pooling=%s normalize=%s", cfg.model_dir, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
+        gc.collect()
+        gc.freeze()      # start-up objects (weights' modules, tables) leave the collector's scans
 
     @staticmethod
     def _device(choice: str, args, torch) -> str:
@@ -120,14 +134,20 @@ class RoseModel:
         return f"cuda:{gpu_id if kind == 'GPU' else 0}"
 
     def execute(self, requests):
+        clock = self.clock
         for request in requests:
+            t0 = time.perf_counter_ns() if clock is not None else 0
             sender = request.get_response_sender()
             try:
                 ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
                 lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
-                input_ids, seq_lens = validate_tokens(
-                    None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy(), self.limits)
-                self.service.submit(Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled))
+                ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
+                t1 = time.perf_counter_ns() if clock is not None else 0
+                input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
+                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled)
+                if clock is not None:
+                    r.marks += [("received", t0), ("inputs_read", t1), ("validated", time.perf_counter_ns())]
+                self.service.submit(r)
             except Exception as e:  # every request gets its one FINAL response, whatever went wrong
                 if isinstance(e, Unavailable):
                     code = pb_utils.TritonError.UNAVAILABLE
@@ -148,12 +168,18 @@ class RoseModel:
         else:
             code = getattr(pb_utils.TritonError, self._CODES.get(r.error_kind, "INTERNAL"))
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
+        if self.clock is not None:
+            self.clock.mark(r, "response_built")
         r.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self.clock is not None:
+            self.clock.mark(r, "sent")
 
     def finalize(self):
         log.info("rose: stopping; %d tokens queued", self.service.queued_tokens)
         self.service.stop(self.drain_timeout)
         self.metrics.stop()
+        if self.clock is not None:
+            self.clock.write()
 
 
 def _on_off(value: str) -> bool | None:

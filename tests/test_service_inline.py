@@ -1,0 +1,109 @@
+"""The service's inline path (a request arriving at an idle service runs on the submitting thread)
+and its stage timing, with a real CPU engine."""
+import threading
+
+import numpy as np
+import pytest
+
+from rose_backend.config import ModelConfig
+from rose_backend.engine.engine import Engine
+from rose_backend.serving.scheduler import Request
+from rose_backend.serving.service import EmbeddingService, wait_until
+from rose_backend.serving.stage_clock import StageClock
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(ModelConfig.from_folder(None))
+
+
+def request(seed, n=3, length=12):
+    rng = np.random.default_rng(seed)
+    return Request(rng.integers(1000, 30000, size=n * length).astype(np.int32), np.full(n, length, np.int32))
+
+
+class Gate:
+    """A real engine whose step waits until the test opens the gate (to hold a batch in launch)."""
+
+    def __init__(self, engine):
+        self.engine, self.open, self.entered, self.threads = engine, threading.Event(), threading.Event(), []
+
+    def step(self, batch):
+        self.threads.append(threading.current_thread().name)
+        self.entered.set()
+        assert self.open.wait(30)
+        return self.engine.step(batch)
+
+
+def test_idle_request_runs_on_the_submitting_thread(engine):
+    done, where = [], []
+    svc = EmbeddingService(engine, lambda r: (done.append(r), where.append(threading.current_thread().name)))
+    try:
+        r = request(0)
+        svc.submit(r)
+        assert done == [r] and where == [threading.current_thread().name]      # answered before submit returned
+        want = engine.embed([r.input_ids[i * 12:(i + 1) * 12].tolist() for i in range(3)])
+        np.testing.assert_allclose(r.output, want, atol=1e-5)
+        assert svc.stats.completed == 1 and svc.stats.batches == 1
+    finally:
+        svc.stop(5)
+
+
+def test_requests_arriving_during_an_inline_step_queue_and_keep_their_order(engine):
+    gate = Gate(engine)
+    done = []
+    svc = EmbeddingService(gate, done.append)
+    first, later = request(1), [request(i) for i in range(2, 6)]
+    try:
+        t = threading.Thread(target=svc.submit, args=(first,), name="caller-1")
+        t.start()
+        assert gate.entered.wait(10)
+        for r in later:                       # the engine is busy inline: these go to the pool
+            svc.submit(r)
+        assert done == [] and svc.scheduler.has_work()
+        gate.open.set()
+        t.join(30)
+        assert wait_until(lambda: len(done) == 5, 30)
+        assert done == [first] + later and all(r.error is None for r in done)
+        assert gate.threads[0] == "caller-1" and set(gate.threads[1:]) == {"rose-scheduler"}
+    finally:
+        gate.open.set()
+        svc.stop(5)
+
+
+def test_inline_off_and_oversized_requests_use_the_scheduler_thread(engine):
+    gate = Gate(engine)
+    gate.open.set()
+    for kw, r in (({"inline": False}, request(7)), ({"max_batch_tokens": 16}, request(8))):
+        done = []
+        svc = EmbeddingService(gate, done.append, **kw)
+        try:
+            gate.threads.clear()
+            svc.submit(r)
+            assert wait_until(lambda: done == [r], 30) and r.error is None
+            assert set(gate.threads) == {"rose-scheduler"}
+        finally:
+            svc.stop(5)
+
+
+def test_stage_clock_times_every_stage_of_a_request(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("ROSE_STAGE_TIMES", str(tmp_path))
+    clock = StageClock.from_env("rose")
+    engine.mark_stages = True
+    svc = EmbeddingService(engine, lambda r: None, clock=clock)
+    try:
+        for i in range(5):
+            r = request(20 + i)
+            clock.mark(r, "received")
+            svc.submit(r)
+    finally:
+        svc.stop(5)
+        engine.mark_stages = False
+    clock.write()
+    (path,) = tmp_path.glob("rose_*.json")
+    import json
+    summary = json.loads(path.read_text())
+    assert list(summary) == ["scheduled", "launched", "copy_queued", "result_on_host", "sliced", "total"]
+    assert all(s["n"] == 5 and s["p50_us"] >= 0 for s in summary.values())
+    parts = sum(s["mean_us"] for k, s in summary.items() if k != "total")
+    assert abs(parts - summary["total"]["mean_us"]) < 1.0          # the stages add up to the whole
