@@ -36,8 +36,9 @@ $(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[test,bench,cli]"
 	@touch $@
 
+# exec: the launcher's parent is make itself, so killing make (even SIGKILL) stops the servers
 serve: install
-	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
+	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" exec $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(GPUS),--gpus "$(GPUS)")
 

@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default=os.environ.get("GPUS", ""),
                    help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
     p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
+    p.add_argument("--die-with-parent", action="store_true", default=bool(os.environ.get("MAKELEVEL")),
+                   help="stop the servers when this launcher's parent dies (default under make: "
+                        "`make serve` killed, even by SIGKILL, stops the servers)")
     args = p.parse_args(argv)
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
@@ -326,10 +329,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    parent = os.getppid()
-    set_parent_death_signal(signal.SIGTERM)     # `make serve` killed: stop the servers cleanly
-    if os.getppid() != parent:
-        return 1
+    if args.die_with_parent:                    # e.g. `make serve` killed: stop the servers cleanly
+        parent = os.getppid()
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != parent:
+            return 1
     t0 = time.monotonic()
     try:
         for s in servers:

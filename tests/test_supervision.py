@@ -235,3 +235,55 @@ def test_stub_arguments_are_read_from_the_stub_command_line():
                        b"rose_0_0", b"DEFAULT"]) + b"\0"
     assert stub_arguments(cmd) == ("rose_12_8001_abc", 4242)
     assert stub_arguments(b"python\0-m\0pytest\0") is None
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+@pytest.mark.server
+def test_killing_make_serve_stops_its_servers():
+    """`make serve` execs the launcher (its parent is make, MAKELEVEL set): make killed with
+    SIGKILL sends the launcher SIGTERM, and it stops its servers cleanly. A stand-in parent here, so
+    that the test never runs make's install step."""
+    assert "exec $(BIN)/python -m rose_backend.launcher" in (ROOT / "Makefile").read_text()
+    ports = free_ports()
+    make = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
+                             sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(ports.grpc),
+                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "MAKELEVEL": "1"})
+    deadline = time.monotonic() + 30
+    while not (kids := children_of(make.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kids, "the launcher did not start"
+    launcher_pid = kids[0]
+    leftovers.track(launcher_pid)
+    mine = [f"rose_{launcher_pid}_"]
+    try:
+        out = read_until(make, "rose: serving", 300)
+        assert "rose: serving" in out, out
+        assert leftovers.processes(mine)
+        make.kill()
+        make.wait()
+        t0 = time.monotonic()
+        procs, segs = leftovers.wait_gone(mine, 25.0)
+        assert not procs and not segs, (procs, segs)
+        while Path(f"/proc/{launcher_pid}").exists() and time.monotonic() - t0 < 5:
+            time.sleep(0.1)                                     # the launcher exits after them
+        state = Path(f"/proc/{launcher_pid}/stat")
+        assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        make.kill()
+        try:
+            os.kill(launcher_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        leftovers.remove(*leftovers.wait_gone(mine, 5.0))
