@@ -10,7 +10,7 @@ send back to back for --minutes: 1..8 sequences a request, texts or ids at rando
 time a client opens a stream, sends a large request and closes the stream before the answer
 (cancelled); 2% a malformed request (wrong dtype, 2-D ids, a missing or extra input, ids outside
 the vocabulary, SEQ_LENS not matching) whose error must name the problem. Halfway, one burst of
-1.5 x max_queued_tokens at once (some must be refused "overloaded"). Every good answer is checked
+1.5 x (max_queued_tokens + two batches) at once (some must be refused "overloaded"). Every good answer is checked
 row by row against the reference (cosine distance <= --tol): wrong and unanswered must be 0.
 Per minute: requests, p50 / p99 latency, errors by kind, the server's GPU memory (nvidia-smi
 --query-compute-apps, summed over the server's processes) and host RSS (/proc). Then SIGTERM and
@@ -175,12 +175,13 @@ class Soak:
             self.note(f"cancelled: {type(e).__name__}")
 
     def burst(self, max_queued: int) -> dict:
-        """1.5 x max_queued_tokens at once on one stream; refused ones are "overloaded"."""
+        """1.5 x (max_queued_tokens + what max_inflight batches take out of the pool) at once on
+        one stream; refused ones are "overloaded"."""
         conn = StreamConnection(self.url)
         try:
             seqs = [s for s in self.pool.ids if len(s) >= 8] or self.pool.ids
             futs, tokens, i = [], 0, 0
-            while tokens < 1.5 * max_queued:
+            while tokens < 1.5 * (max_queued + 2 * 16384):   # default max_batch_tokens, max_inflight
                 req = [seqs[(i + k) % len(seqs)] for k in range(8)]
                 tokens += sum(len(s) for s in req)
                 futs.append(conn.infer("rose", ids_inputs(req)))
@@ -282,6 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--oom-only", action="store_true", help="only the reference rows and the out-of-memory phase")
     ap.add_argument("--oom-headroom-mb", type=int, default=512)
     ap.add_argument("--oom-batch-tokens", type=int, default=65536)
+    ap.add_argument("--rose-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a rose config.pbtxt parameter for the soak's server (repeatable)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default="benchmarks/results/soak_gpu.json")
     args = ap.parse_args(argv)
@@ -297,7 +300,8 @@ def main(argv=None) -> int:
         folder = make_folder(args.shape, work / args.shape, device="cuda" if cuda else "cpu")
     cfg = ModelConfig.from_folder(folder)
     max_len = min(args.max_len, cfg.max_positions)
-    params = {"rose": {"max_queued_tokens": str(args.max_queued_tokens)}}
+    params = {"rose": {"max_queued_tokens": str(args.max_queued_tokens),
+                       **dict(kv.split("=", 1) for kv in args.rose_param)}}
     result = {"command": " ".join(["soak_gpu.py"] + (argv if argv is not None else sys.argv[1:])),
               "git": git_commit(None), "machine": host_info("cuda" if cuda else "cpu"),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(folder or "default"),
