@@ -22,18 +22,20 @@ install: $(VENV)/.installed
 
 # torch: reuse the interpreter's own (NGC image, GPU hosts) through system site-packages;
 # otherwise install the pinned CPU build. nvidia-pytriton only for its bundled tritonserver.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml client/pyproject.toml
 	@if $(PY) -c "import torch" 2>/dev/null; then $(PY) -m venv --system-site-packages $(VENV); \
 	 else $(PY) -m venv $(VENV); fi
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -e ./client      # rose_client and rose-embed (client/pyproject.toml)
 	@command -v tritonserver >/dev/null || [ -n "$$TRITONSERVER_BIN" ] || \
 	  $(BIN)/python -m pip install -q --no-deps nvidia-pytriton==0.7.0
 	@touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[test,bench,cli]"
+	$(BIN)/python -m pip install -q -e ".[test,bench]"
+	$(BIN)/python -m pip install -q -e "./client[cli,tokenizer]"
 	@touch $@
 
 # exec: the launcher's parent is make itself, so killing make (even SIGKILL) stops the servers

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # NVIDIA perf_analyzer against a running server's `rose` model, gRPC streaming (rose is decoupled).
 #   benchmarks/perf_analyzer.sh [GRPC_URL] [INPUT_JSON] [extra perf_analyzer args...]
-# Defaults: 127.0.0.1:8001 and benchmarks/inputs/rose_1x128.json (one 128-token sequence).
+#   benchmarks/perf_analyzer.sh 127.0.0.1:8001 --concurrency-range 1:8
+# Defaults: 127.0.0.1:8001 and benchmarks/inputs/rose_1x128.json (one 128-token sequence). The first
+# argument that starts with "-" and everything after it go to perf_analyzer as they are.
 # perf_analyzer ships in the tritonclient==2.51.0 wheel; it links libb64.so.0d and libcudart.so.12,
 # which the nvidia-pytriton wheel carries under other names: they are linked into a private folder.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-URL=${1:-127.0.0.1:8001}
-INPUT=${2:-}; INPUT=${INPUT:-$HERE/inputs/rose_1x128.json}
-shift $(( $# > 2 ? 2 : $# ))
+URL=127.0.0.1:8001
+INPUT=$HERE/inputs/rose_1x128.json
+if [ $# -gt 0 ] && [[ $1 != -* ]]; then URL=$1; shift; fi
+if [ $# -gt 0 ] && [[ $1 != -* ]]; then INPUT=$1; shift; fi
+[ -f "$INPUT" ] || { echo "perf_analyzer.sh: input data file $INPUT not found" >&2; exit 2; }
 PY=${PY:-$HERE/../.venv/bin/python}
 PA=$(command -v perf_analyzer || echo "$(dirname "$PY")/perf_analyzer")
 if ! ldd "$PA" | grep -q "not found"; then :; else

@@ -30,7 +30,7 @@ for p in (ROOT, ROOT / "client", ROOT / "ensemble"):
 
 from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy  # noqa: E402
 from rose_client import StreamConnection  # noqa: E402
-from rose_client.bench.__main__ import git_commit, host_info, save_json  # noqa: E402
+from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
 
 
 def parse_shapes(value: str) -> list[tuple[int, int]]:
@@ -45,7 +45,7 @@ def model_folder(args, work: Path) -> Path | None:
     if args.model:
         return Path(args.model).expanduser().resolve()
     if args.shape:
-        from rose_client.bench.folders import make_folder
+        from rose_backend.testing.folders import make_folder
         return make_folder(args.shape, work / args.shape, device="cuda" if args.device == "cuda" else "cpu")
     return None                                                   # the default model
 

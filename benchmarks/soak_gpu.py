@@ -42,7 +42,7 @@ from rose_backend.config import ModelConfig  # noqa: E402
 from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy  # noqa: E402
 from rose_backend.supervision import processes_with  # noqa: E402
 from rose_client import ConnectionLost, ServerError, StreamConnection  # noqa: E402
-from rose_client.bench.__main__ import git_commit, host_info, save_json  # noqa: E402
+from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
 
 # malformed kind -> what its error must say
 BAD_KINDS = {"fp32": "data-type", "2d": "shape", "missing": "SEQ_LENS|expected 2 inputs", "extra": "NORMALIZE",
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     folder = Path(args.model).resolve() if args.model else None
     if args.shape:
-        from rose_client.bench.folders import make_folder
+        from rose_backend.testing.folders import make_folder
         folder = make_folder(args.shape, work / args.shape, device="cuda" if cuda else "cpu")
     cfg = ModelConfig.from_folder(folder)
     max_len = min(args.max_len, cfg.max_positions)

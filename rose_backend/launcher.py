@@ -22,115 +22,19 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, cache_env, check_ports_free, die_with_parent,
-                                      exit_timeout_for, reap, set_parent_death_signal)
+                                      exit_timeout_for, set_parent_death_signal)
+from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, find_triton, server_env, stub_site
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 MODELS = ("tokenize", "rose", "embed")
-
-
-class LaunchError(RuntimeError):
-    pass
-
-
-@dataclass
-class TritonInstall:
-    binary: Path
-    backend_dir: Path | None          # None: the binary's built-in default (NGC image)
-    extra_ld_paths: list[str] = field(default_factory=list)
-
-
-def find_triton() -> TritonInstall:
-    env_bin = os.environ.get("TRITONSERVER_BIN")
-    if env_bin:
-        binary = Path(env_bin)
-        if not binary.exists():
-            raise LaunchError(f"TRITONSERVER_BIN={env_bin} does not exist")
-        backend_dir = os.environ.get("TRITON_BACKEND_DIR")
-        if backend_dir:
-            return TritonInstall(binary, Path(backend_dir))
-        return _pytriton_layout(binary) if (binary.parent.parent / "backends").exists() else TritonInstall(binary, None)
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        return TritonInstall(Path(on_path), None)
-    # The nvidia-pytriton wheel (installed with --no-deps, only for its bundled server): located,
-    # not imported, since its own Python API needs packages this project does not install.
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise LaunchError("no tritonserver found: set TRITONSERVER_BIN, put tritonserver on PATH (NGC image), "
-                          "or `pip install --no-deps nvidia-pytriton==0.7.0`")
-    pkg = Path(spec.submodule_search_locations[0])
-    return _pytriton_layout(pkg / "tritonserver" / "bin" / "tritonserver")
-
-
-def _pytriton_layout(binary: Path) -> TritonInstall:
-    """The nvidia-pytriton wheel's layout: bin/, backends/python/, python_backend_stubs/X.Y/."""
-    root = binary.parent.parent
-    backend_dir = root / "backends"
-    python_dir = backend_dir / "python"
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
-    libs = root.parent.parent / "nvidia_pytriton.libs"
-    target = python_dir / "triton_python_backend_stub"
-    if stub.exists() and (not target.exists() or target.stat().st_size != stub.stat().st_size):
-        try:
-            shutil.copy2(stub, target)
-        except OSError:
-            # read-only install: use a private copy of the backend dir; the stub then finds its
-            # bundled libraries through LD_LIBRARY_PATH instead of its relative rpath
-            private = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / "backends"
-            shutil.copytree(backend_dir, private, dirs_exist_ok=True)
-            shutil.copy2(stub, private / "python" / "triton_python_backend_stub")
-            return TritonInstall(binary, private, [str(libs)])
-    elif not target.exists():
-        raise LaunchError(f"the Triton Python backend has no stub for Python {version} ({stub} is missing)")
-    return TritonInstall(binary, backend_dir, [str(libs)] if libs.exists() else [])
-
-
-def server_env(model_dir: str | None, install: TritonInstall, base: dict | None = None) -> dict:
-    env = dict(os.environ if base is None else base)
-    # The stub embeds libpython: load this interpreter's own, not another build of the same version.
-    ld = [sysconfig.get_config_var("LIBDIR") or ""] + install.extra_ld_paths
-    if env.get("LD_LIBRARY_PATH"):
-        ld.append(env["LD_LIBRARY_PATH"])
-    env["LD_LIBRARY_PATH"] = ":".join(p for p in ld if p)
-    # The stub runs the models with this Python: make the project and this environment importable.
-    # ROSE_STUB_SITE, if set, comes first (see stub_site()).
-    paths = [p for p in [stub_site(env)] if p] + [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
-    paths += [p for p in sys.path if p and ("site-packages" in p or p.endswith("dist-packages"))]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = ":".join(dict.fromkeys(paths))
-    env["ROSE_PYTHONPATH"] = env["PYTHONPATH"]      # the stub ignores PYTHONPATH; model.py reads this
-    if model_dir:
-        env["ROSE_MODEL_DIR"] = str(Path(model_dir).expanduser().resolve())
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "true")
-    return env
-
-
-def stub_site(env: dict | None = None) -> str | None:
-    """$ROSE_STUB_SITE: a folder of packages the backend stub must import before anything else.
-
-    Triton 2.51's Python backend is built with pybind11 2.10, which misreads numpy 2 arrays (every
-    element reads as the first; python_backend#384). Where the interpreter has numpy 2, point this at
-    a folder holding numpy<2 (benchmarks/gpu/add_stub_numpy.sh). The stub imports numpy before any
-    model code runs, from its own sys.path whose first entry is the working directory, so the
-    server is started in this folder.
-    """
-    path = (os.environ if env is None else env).get("ROSE_STUB_SITE", "").strip()
-    if path and not Path(path, "numpy").is_dir():
-        raise LaunchError(f"ROSE_STUB_SITE={path} holds no numpy package")
-    return path or None
 
 
 @dataclass
@@ -180,17 +84,18 @@ class TritonProcess:
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
-                 die_with_parent: bool = True):
+                 die_with_parent: bool = True, exit_timeout: int | None = None):
         """die_with_parent: the server is SIGKILLed when the thread that start()ed it dies (keep
-        that thread alive as long as the server, e.g. start servers from the main thread)."""
+        that thread alive as long as the server, e.g. start servers from the main thread).
+        exit_timeout: tritonserver's --exit-timeout-secs (default: the repository's
+        drain_timeout_s + 2, supervision.exit_timeout_for)."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.die_with_parent = die_with_parent
-        self.exit_timeout = exit_timeout_for(self.repository)
+        self.exit_timeout = exit_timeout_for(self.repository) if exit_timeout is None else exit_timeout
         self.ports, self.address = ports or Ports(), address
-        # every stub and /dev/shm segment of this server carries this prefix (reap() finds them)
-        self.shm_prefix = f"rose_{os.getpid()}_{self.ports.grpc}_"
         self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
         self.proc: subprocess.Popen | None = None
+        self.shm_prefix = f"rose_{os.getpid()}_{self.ports.grpc}_"
 
     def command(self, install: TritonInstall) -> list[str]:
         cmd = [str(install.binary), f"--model-repository={self.repository}",
@@ -265,8 +170,18 @@ class TritonProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        reap(self.shm_prefix)
+        self._reap()
         return self.proc.returncode
+
+    def _reap(self) -> None:
+        """After tritonserver has exited: a Python stub it left behind (one whose model did not unload
+        before --exit-timeout-secs ran out) is killed, and its shared memory regions removed."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)   # the server's session: only its own stubs are left
+        except (ProcessLookupError, PermissionError):
+            pass
+        for f in Path("/dev/shm").glob(self.shm_prefix + "*"):
+            f.unlink(missing_ok=True)
 
     def __enter__(self):
         self.start()
@@ -346,8 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         from rose_backend.config import resolve_model_dir
         print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
               f"{time.monotonic() - t0:.1f} s. Models: embed (text), tokenize, rose (token ids).\n"
-              f"  python -c \"from rose_client import EmbeddingClient; "
-              f"print(EmbeddingClient('{urls}').embed(['hello world']).shape)\"\n"
+              f"  {client_command(urls)}\n"
               f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n",
               flush=True)
         while not stopping and all(s.proc.poll() is None for s in servers):
@@ -363,6 +277,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         stop_all(servers)
+
+
+def client_command(urls: str) -> str:
+    """A shell command that embeds one text through these servers: this interpreter (the virtual
+    environment `make serve` made, which has rose_client) with its full path, so that it works
+    from any shell; where rose_client is not installed here, how to install it first."""
+    import importlib.util
+    import shlex
+
+    code = f'from rose_client import EmbeddingClient; print(EmbeddingClient("{urls}").embed(["hello world"]).shape)'
+    cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    if importlib.util.find_spec("rose_client") is None:
+        return f"pip install {shlex.quote(str(REPO_ROOT / 'client'))}  &&  python -c {shlex.quote(code)}"
+    return cmd
 
 
 if __name__ == "__main__":

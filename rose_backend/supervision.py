@@ -6,8 +6,7 @@
   after the models loaded (gRPC binds with SO_REUSEPORT, so Triton itself may not even notice).
 - exit_timeout_for(): tritonserver's --exit-timeout-secs from the repository's drain time, so a
   server stops within drain_timeout_s + 5 s of SIGTERM whatever it was sent.
-- reap(): after a server exited, whatever still carries its shared-memory prefix (a stub, a
-  /dev/shm segment of a stub that was killed -9) is removed.
+- processes_with() / segments_with(): what carries a server's shared-memory prefix (tests, soak).
 - cache_env(): one persistent compile-cache folder for every JIT the server uses, so a restart on
   the same machine does not compile again.
 """
@@ -160,18 +159,3 @@ def remove(procs: dict[int, str], segs: list[str]) -> None:
             os.unlink(os.path.join("/dev/shm", name))
         except FileNotFoundError:
             pass
-
-
-def reap(prefix: str, grace: float = 5.0) -> tuple[dict[int, str], list[str]]:
-    """After a server exited: give its stubs `grace` seconds to exit on their own, then kill what
-    is left and remove its segments (a stub killed -9 cannot remove its own). Returns what had to
-    be removed."""
-    end = time.monotonic() + grace
-    while (procs := processes_with([prefix])) and time.monotonic() < end:
-        time.sleep(0.1)
-    remove(procs, [])
-    if procs:
-        time.sleep(0.2)
-    segs = segments_with([prefix])
-    remove({}, segs)
-    return procs, segs

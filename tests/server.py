@@ -2,7 +2,12 @@
 
     with running_server(model_dir=None) as srv:       # the default model
         client = EmbeddingClient(srv.grpc_url)
+    with running_servers(3, name="replica") as servers: # several side by side (~5 s, ~1 GB each here)
+        ...
 
+Tests that only talk to a server share one: the session fixtures of conftest.py (`server`, the
+default deployment, and `shared_server(params)`, one server per distinct parameter set). Start a
+private one with these helpers only where a test kills, restarts or reconfigures it.
 `free_ports()` picks unused loopback ports; logs go to tests/.logs/ (git-ignored) so a failing
 test can say where to look. `params` rewrites config.pbtxt parameters of the served models in a
 private copy of the repository, e.g. {"rose": {"max_batch_tokens": "256"}}.
@@ -10,12 +15,20 @@ private copy of the repository, e.g. {"rose": {"max_batch_tokens": "256"}}.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import tempfile
 from pathlib import Path
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy  # noqa: F401
+from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy, stop_all  # noqa: F401
 
 LOG_DIR = Path(__file__).resolve().parent / ".logs"
+# Seconds tritonserver waits at SIGTERM for in-flight work and model unloads. A test server is stopped
+# with nothing in flight, and a server that has run the `embed` ensemble may otherwise wait the whole
+# drain_timeout_s + 2 s of the launcher's default (docs/OPERATIONS.md); tests of draining pass
+# exit_timeout=None (the repository's).
+TEST_EXIT_TIMEOUT_S = 5
+_counter = itertools.count(1)
 
 
 def repository_with(params: dict[str, dict[str, str]], dest: Path) -> Path:
@@ -24,27 +37,28 @@ def repository_with(params: dict[str, dict[str, str]], dest: Path) -> Path:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: str | None = None, params: dict | None = None, name: str = "server",
-                   timeout: float = 300.0):
+def running_servers(n: int, model_dir: str | None = None, params: dict | None = None, name: str = "server",
+                    env: dict | None = None, timeout: float = 300.0, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S):
+    """n tritonservers of one repository, started side by side; all stopped (in parallel) on exit."""
     LOG_DIR.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rose-repo-") as tmp:
         repo = repository_with(params, Path(tmp)) if params else DEFAULT_REPOSITORY
-        log = LOG_DIR / f"{name}-{next(_counter)}.log"
-        log.unlink(missing_ok=True)
-        srv = TritonProcess(model_dir, repo, free_ports(), log_file=log)
-        srv.start()
+        servers = []
         try:
-            srv.wait_ready(timeout)
-            yield srv
+            for _ in range(n):
+                log = LOG_DIR / f"{name}-{next(_counter)}.log"
+                log.unlink(missing_ok=True)
+                servers.append(TritonProcess(model_dir, repo, free_ports(), log_file=log, exit_timeout=exit_timeout,
+                                             env={**os.environ, **(env or {})}).start())
+            for s in servers:
+                s.wait_ready(timeout)
+            yield servers
         finally:
-            srv.stop()
+            stop_all(servers)
 
 
-def _count():
-    i = 0
-    while True:
-        i += 1
-        yield i
-
-
-_counter = _count()
+@contextlib.contextmanager
+def running_server(model_dir: str | None = None, params: dict | None = None, name: str = "server",
+                   timeout: float = 300.0, env: dict | None = None, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S):
+    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout) as (srv,):
+        yield srv

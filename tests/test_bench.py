@@ -1,4 +1,4 @@
-"""The benchmark tool (client/rose_client/bench) on this CPU machine: a tiny random BERT folder,
+"""The benchmark package (benchmarks/rose_bench) on this CPU machine: a tiny random BERT folder,
 both our repository and the naive baseline through real tritonservers, the gate, the JSON schema,
 the charts and the README renderer. The numbers mean nothing here; the H200 runs are committed."""
 import importlib.util
@@ -25,23 +25,25 @@ def _naive_module():
 @pytest.mark.parametrize("shape", ["tiny-bert", "tiny-qwen3"])
 def test_naive_baseline_matches_the_float32_reference(tmp_path, shape):
     """Padded batches (bidirectional mask for the decoder), ids and texts, against the reference."""
-    from rose_client.bench import folders
+    from rose_backend.testing import folders
+    from rose_backend.testing.compare import cos_dist
+    from rose_backend.testing.reference import Reference
     folder = folders.make_folder(shape, tmp_path / shape)
-    ref = folders.Reference(folder)
+    ref = Reference(folder)
     naive = _naive_module().NaiveEmbedder(folder)
     rng = np.random.default_rng(3)
     seqs = [folders.random_ids(rng, 1000, n) for n in (7, 64, 1, 33)]
     want = ref.embed(seqs)
     got = naive.embed_ids(np.concatenate(seqs), np.array([len(s) for s in seqs], dtype=np.int32))
-    assert folders.cos_dist(got, want).max() < 1e-5
+    assert cos_dist(got, want).max() < 1e-5
     texts = naive.embed_texts([folders.ids_to_text(s) for s in seqs])
-    assert folders.cos_dist(texts, want).max() < 1e-5
+    assert cos_dist(texts, want).max() < 1e-5
     # the tokenizer maps one word to one token: "w12 w34" -> [12, 34]
     assert naive.tokenizer("w12 w34 w999")["input_ids"] == [12, 34, 999]
 
 
 def test_perf_analyzer_input_data(tmp_path):
-    from rose_client.bench.perf import write_input_data
+    from rose_bench.perf import write_input_data
     data = json.loads(write_input_data(tmp_path / "x.json", vocab=500, length=40, variants=3).read_text())["data"]
     assert len(data) == 3
     for d in data:
@@ -53,8 +55,8 @@ def test_perf_analyzer_input_data(tmp_path):
 @pytest.mark.server
 def test_bench_tiny_end_to_end(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client")]))
-    p = subprocess.run([sys.executable, "-m", "rose_client.bench", "--model", "tiny-bert", "--tiny",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
+    p = subprocess.run([sys.executable, "-m", "rose_bench", "e2e", "--model", "tiny-bert", "--tiny",
                         "--no-perf-analyzer", "--out", str(out), "--workdir", str(work), "--git-commit", "test"],
                        capture_output=True, text=True, env=env, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -77,9 +79,7 @@ def test_bench_tiny_end_to_end(tmp_path):
     assert all((out / c).stat().st_size > 1000 for c in r["charts"])
 
     # the README section renders from that JSON, between the markers only
-    spec = importlib.util.spec_from_file_location("render_readme", ROOT / "benchmarks" / "render_readme.py")
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
+    from rose_bench import render_readme as render
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{render.BEGIN}\nold\n{render.END}\nafter\n")
     assert render.render(readme, render.section(out))
@@ -90,18 +90,18 @@ def test_bench_tiny_end_to_end(tmp_path):
 
 @pytest.mark.server
 def test_multi_gpu_bench_cpu_smoke(tmp_path):
-    """The several-server layouts of rose_client.bench.multi_gpu on the CPU: two real tritonservers,
+    """The several-server layouts of `rose_bench multi-gpu` on the CPU: two real tritonservers,
     raw streams split over both and EmbeddingClient balancing chunks over both, both servers answer
     the same embeddings, and the JSON holds every cell."""
     out, work = tmp_path / "out", tmp_path / "work"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client")]))
-    p = subprocess.run([sys.executable, "-m", "rose_client.bench.multi_gpu", "--model", "tiny-bert", "--cpu-smoke",
-                        "--gpus", "0,1", "--procs", "2", "--clients", "2", "--out", str(out), "--workdir", str(work),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
+    p = subprocess.run([sys.executable, "-m", "rose_bench", "multi-gpu", "--model", "tiny-bert", "--cpu-smoke",
+                        "--gpus", "0,1", "--layouts", "per-gpu-servers", "--procs", "2", "--clients", "2", "--out", str(out), "--workdir", str(work),
                         "--git-commit", "test"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads((out / "multi_gpu_tiny-bert.json").read_text())
     assert r["schema"] == "rose-multi-gpu/1" and r["git"]["commit"] == "test" and r["date"] and r["command"]
-    assert set(r["layouts"]) == {"one-gpu", "per-gpu-servers"}
+    assert set(r["layouts"]) == {"per-gpu-servers"}        # one-gpu is the same path with one server
     assert r["layouts"]["per-gpu-servers"]["servers"] == 2
     for name, layout in r["layouts"].items():
         assert "error" not in layout, (name, layout)

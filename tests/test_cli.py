@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient
-from rose_client.bench.folders import cos_dist
+from rose_backend.testing.compare import cos_dist
 from rose_client.cli import main
 
 pytestmark = pytest.mark.server
@@ -104,3 +104,30 @@ def test_txt_to_npy_killed_midway_then_resumed(server, tmp_path):
     r = subprocess.run(cmd + ["--resume"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "client")},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "already complete" in r.stderr
+
+
+def test_parquet_without_pyarrow_is_refused_before_any_work(tmp_path):
+    """No pyarrow: .parquet in or out is refused at once, naming the fix, and leaves nothing behind."""
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    code = ("import sys; sys.modules['pyarrow'] = None; from rose_client.cli import main; "
+            f"sys.exit(main([{str(src)!r}, {str(tmp_path / 'out.parquet')!r}, '--url', '127.0.0.1:1']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "needs pyarrow" in r.stderr and "rose-client[cli]" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_failed_run_that_finished_no_block_leaves_no_partial(tmp_path, capsys):
+    """Nothing answers: the run fails, and since no block was finished there is nothing to resume,
+    so the next run needs neither --resume nor --overwrite."""
+    from server import free_ports
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    url = f"127.0.0.1:{free_ports().grpc}"             # nothing listens there
+    assert main([str(src), str(tmp_path / "out.npy"), "--url", url, "--timeout", "10", "--quiet"]) == 1
+    assert "run again" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+    # an input error after the partial folder was made leaves nothing either
+    (tmp_path / "empty.txt").write_text("")
+    assert main([str(tmp_path / "empty.txt"), str(tmp_path / "e.npy"), "--url", url]) == 2
+    assert not (tmp_path / "e.npy.partial").exists()

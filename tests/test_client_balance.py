@@ -1,12 +1,16 @@
-"""Balance on real servers: the skewed workload of the seed's chapter 8 (two requests of 100 x 512
+"""Balance on real servers: the skewed workload of docs/DESIGN.md, "Splitting and balancing" (two requests of 100 x 512
 tokens among small ones), whole-request round robin against chunked least-loaded.
 
-Each replica is one tritonserver with one CPU thread (OMP_NUM_THREADS=1), so that on this 2-core
-machine two replicas are two independent workers, as two GPUs would be. CI runs a scaled-down
-workload (128-token sequences, 25 per large request); the full chapter 8 shape, whose numbers are in
+Each replica is one tritonserver with one CPU thread (OMP_NUM_THREADS=1; the session's `replicas`
+of tests/conftest.py), so that on this 2-core machine two replicas are two independent workers, as
+two GPUs would be. CI runs a scaled-down
+workload (128-token sequences, 25 per large request); the full shape, whose numbers are in
 benchmarks/results/client_balance.json, is
 
     ROSE_BALANCE_FULL=1 .venv/bin/python -m pytest -q -s tests/test_client_balance.py
+
+which writes tests/.logs/client_balance.json (a test never writes into benchmarks/results/; copy the
+file there to replace the committed numbers).
 
 (512 replaces the example's 4096-token sequences: the default model embeds at most 512).
 """
@@ -17,22 +21,22 @@ import os
 import platform
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient, StreamConnection
-from test_client import cos_dist, replicas
+from rose_backend.testing.compare import cos_dist
+from server import LOG_DIR
 
 pytestmark = pytest.mark.server
 FULL = os.environ.get("ROSE_BALANCE_FULL") == "1"
 R = int(os.environ.get("ROSE_BALANCE_REPLICAS", "2"))
-RESULT = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "client_balance.json"
+RESULT = LOG_DIR / "client_balance.json"        # copied by hand to benchmarks/results/ when it replaces those numbers
 
 
 def workload(full: bool) -> tuple[list[list[int]], int]:
-    """(sequence lengths of each request, token budget): chapter 8's requests, or a quarter-size copy."""
+    """(sequence lengths of each request, token budget): the skewed workload's requests, or a quarter-size copy."""
     if full:
         return [[512] * 100, [128] * 4, [512] * 100, [96] * 2, [512] * 8, [64] * 3], 2048
     return [[128] * 25, [32] * 4, [128] * 25, [24] * 2, [128] * 8, [16] * 3], 512
@@ -77,26 +81,26 @@ def chunked(urls, reqs, budget):
     return makespan, [stats[u]["tokens"] for u in urls], [stats[u]["chunks"] for u in urls], outs
 
 
-def test_chunked_least_loaded_balances_a_skewed_workload():
+def test_chunked_least_loaded_balances_a_skewed_workload(replicas):
     shapes, budget = workload(FULL)
     rng = np.random.default_rng(0)
     reqs = [token_ids(s, rng) for s in shapes]
     total = sum(sum(s) for s in shapes)
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with replicas(R, "balance", env=env) as servers:
-        urls = [s.grpc_url for s in servers]
-        for u in urls:                                       # warm every replica up
-            with EmbeddingClient(u) as w:
-                w.embed_tokens(token_ids([128] * 8, rng))
-        rr_time, rr_load, rr_out = round_robin(urls, reqs)
-        ch_time, ch_load, ch_chunks, ch_out = chunked(urls, reqs, budget)
+    servers = [s for s in replicas if s.proc.poll() is None][:R]      # one-thread replicas (conftest)
+    assert len(servers) == R, f"need {R} live replicas, have {len(servers)}"
+    urls = [s.grpc_url for s in servers]
+    for u in urls:                                       # warm every replica up
+        with EmbeddingClient(u) as w:
+            w.embed_tokens(token_ids([128] * 8, rng))
+    rr_time, rr_load, rr_out = round_robin(urls, reqs)
+    ch_time, ch_load, ch_chunks, ch_out = chunked(urls, reqs, budget)
 
     for a, b in zip(rr_out, ch_out):                        # the same embeddings either way
         assert a.shape == b.shape and cos_dist(a, b).max() <= 1e-5
     assert sum(ch_load) == total
     ratio = max(ch_load) / min(ch_load)
     report = {
-        "workload": "seed chapter 8 (full)" if FULL else "seed chapter 8, scaled to a quarter (CI)",
+        "workload": "skewed (docs/DESIGN.md), full" if FULL else "skewed (docs/DESIGN.md), scaled to a quarter (CI)",
         "requests": [f"{len(s)} x {s[0]}" for s in shapes], "total_tokens": total, "replicas": R,
         "replica": "tritonserver, all-MiniLM-L6-v2, CPU, OMP_NUM_THREADS=1",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "token_budget": budget,

@@ -106,6 +106,10 @@ def test_backend_table_choice(tmp_path):
     assert t.choose("h16kv16d64", 1, 128, ["torch_varlen"]) == "torch_varlen"   # only what runs here
     assert t.choose("h12kv12d32", 1, 128, both) == "torch_varlen"                # no cell: preference
     assert BackendTable.load(tmp_path / "missing.json").choose("x", 1, 64, ["sdpa_loop"]) == "sdpa_loop"
+    # the host's plan time counts once per batch, the kernel time once per layer
+    plan = {"flashinfer": 300.0, "torch_varlen": 0.0}
+    assert t.choose("h16kv16d64", 1, 128, both, layers=24, plan_us=plan) == "torch_varlen"    # 540 > 288
+    assert t.choose("h16kv16d64", 1, 128, both, layers=200, plan_us=plan) == "flashinfer"     # 2300 < 2400
 
 
 def test_engine_uses_cpu_backend(cfg, eager):

@@ -18,10 +18,10 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
-from rose_backend.serving.service import (CANCELLED, SHUTTING_DOWN, EmbeddingService, Overloaded,
-                                          ShuttingDown, is_out_of_memory, wait_until)
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ShuttingDown, is_out_of_memory
+from rose_backend.serving.service import EmbeddingService, wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
-from rose_client.bench.folders import cos_dist
+from rose_backend.testing.compare import cos_dist
 
 HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[CLS] hello [SEP]"
 
@@ -436,7 +436,7 @@ def test_sigterm_answers_requests_in_flight_then_exits():
     # a drain time the in-flight work fits in even on a loaded CPU: the stop is bounded by
     # drain_timeout_s + 2 s (tests/test_supervision.py), and this test is about answering everything
     params = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8", "drain_timeout_s": "60"}}
-    with running_server(params=params, name="sigterm") as srv:
+    with running_server(params=params, name="sigterm", exit_timeout=None) as srv:
         conns = [StreamConnection(srv.grpc_url) for _ in range(4)]
         try:
             futs = [conns[i % 4].infer("rose", rose_inputs(np.full(1024, 2000 + i, np.int32), np.full(8, 128, np.int32)))

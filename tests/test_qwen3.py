@@ -17,8 +17,9 @@ from rose_backend.engine.engine import Engine
 from rose_backend.layers.attention import AttentionMetadata
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.models import build_model
-from rose_client.bench.folders import cos_dist
-from tests.qwen3_folders import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
+from rose_backend.testing.reference import Reference
 
 TOL = 1e-4
 LENGTHS = (7, 1, 33, 12, 2)                 # ragged, with a length-1 sequence among them
@@ -53,9 +54,9 @@ def test_ragged_batch_matches_hf_per_sequence(folder_for, style, shape):
     folder = folder_for(style, shape)
     cfg = ModelConfig.from_folder(folder)
     assert cfg.causal == (style == "qwen3-embedding")
-    hf = hf_reference_model(folder)
+    hf = Reference(folder)
     seqs = random_sequences(cfg.vocab_size)
-    refs = [hf_hidden(hf, s, causal=cfg.causal).numpy() for s in seqs]          # one at a time
+    refs = [hf.hidden(s).numpy() for s in seqs]                                 # one at a time
 
     engine = Engine(cfg)
     # every token of the packed forward
@@ -105,7 +106,7 @@ def test_query_prompt_template(folder_for):
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = tok.encode(cfg.prompts["query"] + "the cat sat on the mat").ids
     assert ids[-1] == tok.token_to_id("<|endoftext|>") and 0 not in ids
-    ref = hf_hidden(hf_reference_model(folder), ids, causal=True)[-1].numpy()
+    ref = Reference(folder).hidden(ids)[-1].numpy()
     assert cos_dist(Engine(cfg).embed([ids])[0], ref) <= TOL
 
 

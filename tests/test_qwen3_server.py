@@ -4,8 +4,9 @@ and token ids through `rose`, against transformers' Qwen3Model on the same weigh
 import numpy as np
 import pytest
 
-from rose_client.bench.folders import cos_dist
-from tests.qwen3_folders import QUERY_PROMPT, hf_hidden, hf_reference_model, write_qwen3_folder
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
+from rose_backend.testing.reference import Reference
 
 pytestmark = pytest.mark.server
 
@@ -27,13 +28,12 @@ def test_qwen3_served_through_triton_matches_hf(qwen3_server):
     from tokenizers import Tokenizer
 
     folder, srv = qwen3_server
-    hf = hf_reference_model(folder)
+    hf = Reference(folder)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
 
     def reference(prefix):          # causal Qwen3, last token (the appended <|endoftext|>), normalized
         ids = [e.ids for e in tok.encode_batch([prefix + t for t in TEXTS])]
-        ref = np.stack([hf_hidden(hf, s, causal=True)[-1].numpy() for s in ids])
-        return ids, ref / np.linalg.norm(ref, axis=-1, keepdims=True)
+        return ids, hf.embed(ids)
 
     client = EmbeddingClient(srv.grpc_url)
     try:

@@ -1,19 +1,22 @@
 """End to end through a real tritonserver, over gRPC streams: correctness, isolation, bad input."""
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient, ServerError, StreamConnection
-from rose_client.bench.folders import cos_dist
+from rose_backend.testing.compare import cos_dist
 
 pytestmark = pytest.mark.server
+ROOT = Path(__file__).resolve().parent.parent
 
 VARIED = ["a", "word", "The Eiffel Tower is in Paris. " * 60, "naïve café, Grüße, 日本語のテキスト",
           "emoji 🚀🔥👍🏽 and ZWJ 👩‍👩‍👧", "tabs\tand\nnewlines", "UPPER lower MiXeD 12345 3.14159",
@@ -32,7 +35,7 @@ def test_embed_matches_sentence_transformers(client, sentence_model):
 def test_many_mixed_texts_in_one_request_keep_their_order(client, sentence_model):
     rng = np.random.default_rng(0)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
-    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 300, size=150)]
+    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 300, size=60)]
     ours = client.embed(texts)                           # spans many batches (budget 512 tokens)
     assert cos_dist(ours, sentence_model.encode(texts)).max() <= 1e-4
 
@@ -161,7 +164,9 @@ def test_metrics_are_exported(server, client):
 
 
 def test_launcher_serves_and_stops_on_sigterm(tmp_path):
-    """What `make serve` runs: ready, answers a client, exits cleanly on SIGTERM."""
+    """What `make serve` runs, on the shipped repository and the default model: ready, answers a
+    client, the command of its ready message and README's example run as printed, exits cleanly on
+    SIGTERM."""
     from server import free_ports
     ports = free_ports()
     env = dict(os.environ)
@@ -181,8 +186,33 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path):
         assert any(l.startswith("rose: serving") for l in lines), "".join(lines[-30:])
         with EmbeddingClient(f"127.0.0.1:{ports.grpc}") as c:
             assert c.embed(["hello"]).shape == (1, 384)
+        # the command the ready message prints works as printed, from another folder, with no
+        # PYTHONPATH and no virtual environment activated
+        command = proc.stdout.readline().strip()
+        clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        r = subprocess.run(command, shell=True, cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "(1, 384)", (command, r.stdout, r.stderr[-2000:])
+        # README's "Calling it" example runs as written against the shipped deployment (only the
+        # port differs), task="query" included
+        readme = (ROOT / "README.md").read_text()
+        block = re.search(r"## Calling it\n+```python\n(.*?)```", readme, re.S).group(1)
+        assert 'task="query"' in block and "127.0.0.1:8001" in block
+        code = block.replace("127.0.0.1:8001", f"127.0.0.1:{ports.grpc}") + "\nprint(docs.shape, query.shape, ids.shape)\n"
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.strip() == "(2, 384) (1, 384) (1, 384)", r.stdout
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_perf_analyzer_script_takes_url_then_perf_analyzer_options(server):
+    """README's command line: the URL, then perf_analyzer's own options (no input file between)."""
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "perf_analyzer.sh"), server.grpc_url,
+                        "--concurrency-range", "1:2", "--measurement-interval", "300", "-r", "3",
+                        "--stability-percentage", "999"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "Concurrency: 1," in r.stdout and "Concurrency: 2," in r.stdout, r.stdout[-2000:]

@@ -1,4 +1,5 @@
-"""Soak: 16 concurrent streams against a real CPU tritonserver for 1 minute (CI) or 5 (slow).
+"""Soak: 16 concurrent streams against a real CPU tritonserver for 1 minute (CI) or 5 (slow); the
+session's shared default server (tests/conftest.py), which other tests have used before.
 
 Each stream sends requests back to back (texts through `embed`, token ids straight to `rose`,
 1 to 8 sequences each) for the whole time. Passes with zero errors, every answer correct (compared
@@ -52,9 +53,9 @@ def tree_rss(pid: int) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.parametrize("minutes", [1, pytest.param(5, marks=pytest.mark.slow)])
-def test_soak(minutes, sentence_model, default_model_dir):
+def test_soak(minutes, server, sentence_model, default_model_dir):
     from rose_ensemble.tokenization import TextTokenizer
-    from server import LOG_DIR, running_server
+    from server import LOG_DIR
 
     rng = np.random.default_rng(minutes)
     words = "alpha beta gamma delta rose tulip ivy triton embedding server batch token 日本 café 🚀".split()
@@ -69,53 +70,53 @@ def test_soak(minutes, sentence_model, default_model_dir):
     counts = {"requests": 0, "sequences": 0, "errors": 0, "wrong": 0}
     errors: list[str] = []
     lock = threading.Lock()
-    with running_server(name=f"soak-{minutes}m") as srv:
-        stop_at = time.monotonic() + duration
+    srv = server
+    stop_at = time.monotonic() + duration
 
-        def stream(s: int):
-            r = np.random.default_rng(1000 + s)
-            conn = StreamConnection(srv.grpc_url)
-            try:
-                while time.monotonic() < stop_at:
-                    pick = r.choice(len(pool), size=int(r.integers(1, 9)), replace=False)
-                    if r.random() < 0.5:
-                        fut = conn.infer("embed", [("TEXT", [pool[i] for i in pick])])
-                    else:
-                        fut = conn.infer("rose", [("INPUT_IDS", np.concatenate([token_lists[i] for i in pick])),
-                                                  ("SEQ_LENS", lens[pick])])
-                    try:
-                        emb = fut.result(120)["EMBEDDINGS"]
-                    except Exception as e:
-                        with lock:
-                            counts["errors"] += 1
-                            errors.append(f"{type(e).__name__}: {e}")
-                        continue
-                    a, b = emb.astype(np.float64), ref[pick].astype(np.float64)
-                    dist = 1 - (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    def stream(s: int):
+        r = np.random.default_rng(1000 + s)
+        conn = StreamConnection(srv.grpc_url)
+        try:
+            while time.monotonic() < stop_at:
+                pick = r.choice(len(pool), size=int(r.integers(1, 9)), replace=False)
+                if r.random() < 0.5:
+                    fut = conn.infer("embed", [("TEXT", [pool[i] for i in pick])])
+                else:
+                    fut = conn.infer("rose", [("INPUT_IDS", np.concatenate([token_lists[i] for i in pick])),
+                                              ("SEQ_LENS", lens[pick])])
+                try:
+                    emb = fut.result(120)["EMBEDDINGS"]
+                except Exception as e:
                     with lock:
-                        counts["requests"] += 1
-                        counts["sequences"] += len(pick)
-                        counts["wrong"] += int(emb.shape != b.shape or dist.max() > 1e-4)
-            finally:
-                conn.close()
+                        counts["errors"] += 1
+                        errors.append(f"{type(e).__name__}: {e}")
+                    continue
+                a, b = emb.astype(np.float64), ref[pick].astype(np.float64)
+                dist = 1 - (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+                with lock:
+                    counts["requests"] += 1
+                    counts["sequences"] += len(pick)
+                    counts["wrong"] += int(emb.shape != b.shape or dist.max() > 1e-4)
+        finally:
+            conn.close()
 
-        threads = [threading.Thread(target=stream, args=(s,), daemon=True) for s in range(STREAMS)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        time.sleep(warmup)
-        per_process_start = tree_rss(srv.proc.pid)
-        rss_start = sum(r for r, _ in per_process_start.values())
-        requests_at_start = counts["requests"]
-        samples = [rss_start]
-        while time.monotonic() < stop_at:
-            time.sleep(min(10.0, max(0.0, stop_at - time.monotonic())))
-            samples.append(tree_rss_bytes(srv.proc.pid))
-        for t in threads:
-            t.join(180)
-        elapsed = time.monotonic() - t0
-        per_process_end = tree_rss(srv.proc.pid)
-        rss_end = sum(r for r, _ in per_process_end.values())
+    threads = [threading.Thread(target=stream, args=(s,), daemon=True) for s in range(STREAMS)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(warmup)
+    per_process_start = tree_rss(srv.proc.pid)
+    rss_start = sum(r for r, _ in per_process_start.values())
+    requests_at_start = counts["requests"]
+    samples = [rss_start]
+    while time.monotonic() < stop_at:
+        time.sleep(min(10.0, max(0.0, stop_at - time.monotonic())))
+        samples.append(tree_rss_bytes(srv.proc.pid))
+    for t in threads:
+        t.join(180)
+    elapsed = time.monotonic() - t0
+    per_process_end = tree_rss(srv.proc.pid)
+    rss_end = sum(r for r, _ in per_process_end.values())
 
     growth = (rss_end - rss_start) / rss_start
     report = dict(minutes=minutes, streams=STREAMS, seconds=round(elapsed, 1), **counts,

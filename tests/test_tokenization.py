@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
+from rose_backend.serving.settings import parse_prompts
+from rose_ensemble.tokenization import InputError, TextTokenizer
 
 TEXTS = ["hello", "The quick brown fox " * 100, "naïve café 日本語", "🙂🙃 emoji only", "  spaced   out  "]
 
@@ -60,3 +61,19 @@ def test_parse_prompts():
     assert parse_prompts("  ") == {}
     with pytest.raises(ValueError, match="JSON object"):
         parse_prompts('["q"]')
+
+
+def test_fallback_prompts_fill_in_only_the_names_a_model_lacks(default_model_dir, tmp_path):
+    """The shipped deployment's fallback_prompts: "query" / "passage" exist on every model; the
+    symmetric default model embeds the text as it is, a model with its own prompts keeps them."""
+    from rose_backend.serving.settings import TokenizeSettings
+    from rose_backend.testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
+    fallback = TokenizeSettings().fallback_prompt_map
+    assert fallback == {"query": "", "passage": ""}
+    tok = TextTokenizer.from_folder(default_model_dir, fallback_prompts=fallback)
+    for task in ("query", "passage"):
+        np.testing.assert_array_equal(tok.encode(TEXTS, task)[0], tok.encode(TEXTS)[0])
+    qwen = TextTokenizer.from_folder(write_qwen3_folder(tmp_path / "q"), fallback_prompts=fallback)
+    assert qwen.prompts == {"query": QUERY_PROMPT, "document": "", "passage": ""}
+    over = TextTokenizer.from_folder(default_model_dir, prompts={"query": "q: "}, fallback_prompts=fallback)
+    assert over.prompts["query"] == "q: "                # the deployment's `prompts` still override

@@ -1,8 +1,8 @@
 # Sourced (from the repository root, on the device) by the device scripts beside it: the GPU kit,
-# a numpy<2 for the Triton Python stub (see add_stub_numpy.sh; rose_client.bench leaves it out of the
+# a numpy<2 for the Triton Python stub (see add_stub_numpy.sh; rose_bench e2e leaves it out of the
 # naive server's environment), and the project on PYTHONPATH.
 #   source benchmarks/gpu/enter_bench.sh
 source .gpu/enter.sh
 mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site
 export ROSE_STUB_SITE=/tmp/stub-site
-export PYTHONPATH=$PWD:$PWD/ensemble:$PWD/client:${PYTHONPATH:-}
+export PYTHONPATH=$PWD:$PWD/ensemble:$PWD/client:$PWD/benchmarks:${PYTHONPATH:-}

@@ -4,7 +4,9 @@
     client = EmbeddingClient("127.0.0.1:8001,127.0.0.1:8011")
     emb = client.embed(["hello world"], task="query")     # float32 [1, D]
 """
-from rose_client.client import AllReplicasDown, AsyncEmbeddingClient, EmbeddingClient
+from rose_client.async_client import AsyncEmbeddingClient
+from rose_client.client import EmbeddingClient
+from rose_client.dispatch import AllReplicasDown
 from rose_client.transport import ConnectionLost, ServerError, StreamConnection
 
 __all__ = ["EmbeddingClient", "AsyncEmbeddingClient", "AllReplicasDown", "StreamConnection", "ServerError",

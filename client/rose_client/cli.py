@@ -156,6 +156,8 @@ def run(args) -> int:
         raise CliError(f"output must be one of {', '.join(OUTPUTS)}, got {out.name}")
     if not src.exists():
         raise CliError(f"{src} does not exist")
+    if ".parquet" in (src.suffix, out.suffix):
+        _require_pyarrow()                      # before any work, not after embedding everything
     partial = out.with_name(out.name + ".partial")
     st = src.stat()
     manifest = {"input": str(src.resolve()), "input_bytes": st.st_size, "input_mtime_ns": st.st_mtime_ns,
@@ -186,7 +188,34 @@ def run(args) -> int:
         if args.resume:
             print(f"rose-embed: nothing to resume at {partial}; starting from the beginning", file=sys.stderr)
         partial.mkdir(parents=True)
+    created = done_blocks == 0
+    try:
+        code = _embed_all(args, src, out, partial, manifest, done_blocks)
+    except BaseException:
+        _drop_if_empty(partial, created)
+        raise
+    if code:
+        _drop_if_empty(partial, created)
+    return code
 
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise CliError("reading or writing .parquet needs pyarrow: pip install \"rose-client[cli]\" "
+                       "(or pip install \"pyarrow>=14,<22\")") from None
+
+
+def _drop_if_empty(partial: Path, created: bool) -> None:
+    """A run that made `partial` and finished no block leaves nothing behind (no --resume needed)."""
+    if created and partial.exists() and not any(partial.glob("part-*.npy")):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_blocks: int) -> int:
+    """Embed the blocks from `done_blocks` on into `partial`, then join them into `out`."""
     n = count_rows(src, args.field)
     if n == 0:
         raise CliError(f"{src} holds no texts")
@@ -222,8 +251,11 @@ def run(args) -> int:
                 drain_one()
     except KeyboardInterrupt:
         bar.close()
-        print(f"\nrose-embed: interrupted; {embedded + start} of {n} rows are saved in {partial}. "
-              f"Run the same command with --resume to continue.", file=sys.stderr)
+        if embedded + start:
+            print(f"\nrose-embed: interrupted; {embedded + start} of {n} rows are saved in {partial}. "
+                  f"Run the same command with --resume to continue.", file=sys.stderr)
+        else:
+            print("\nrose-embed: interrupted before any block was finished; nothing was saved.", file=sys.stderr)
         return 130
     finally:
         client.close()

@@ -1,42 +1,56 @@
 """The `tokenize` Triton model: TEXT (+ optional TASK) -> INPUT_IDS, SEQ_LENS (ragged, no padding).
 
-config.pbtxt parameters: model_dir (default: $ROSE_MODEL_DIR, else the default model),
-prompts (JSON {name: prefix}, added to / overriding the model's), default_prompt_name,
-max_seq_length (default: the model's), max_text_bytes (texts are cut to this many bytes before
-tokenizing, so a huge string costs no more than a long one; default 65536), max_request_texts
-(texts per request, default 4096; more is refused with an error naming the limit).
+config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults).
 Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
 from rose_backend.serving.parent_watch import watch_parent
-from rose_backend.triton_interop import check_numpy_interop
-from rose_backend.triton_params import ModelParameters
-from rose_ensemble.tokenization import InputError, TextTokenizer, parse_prompts
+from rose_backend.serving.settings import TokenizeSettings
+from rose_backend.serving.stage_clock import StageClock
+from rose_backend.serving.triton_interop import check_numpy_interop
+from rose_ensemble.tokenization import InputError, TextTokenizer
+
+
+@dataclass(slots=True)
+class _Timed:
+    marks: list
 
 
 class TokenizeModel:
     def initialize(self, args):
         check_numpy_interop(pb_utils, "tokenize")
         watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
-        params = ModelParameters(args["model_config"])
         try:
+            s = TokenizeSettings.from_model_config(args["model_config"])
             self.tokenizer = TextTokenizer.from_folder(
-                resolve_model_dir(params.str("model_dir") or None),
-                max_seq_length=params.int("max_seq_length", 0, minimum=0) or None,
-                prompts=parse_prompts(params.str("prompts")),
-                default_prompt_name=params.str("default_prompt_name") or None,
-                max_text_bytes=params.int("max_text_bytes", 65536, minimum=0),
-                max_texts=params.int("max_request_texts", 4096, minimum=1),
-            )
+                resolve_model_dir(s.model_dir or None), max_seq_length=s.max_seq_length or None,
+                prompts=s.prompt_map, fallback_prompts=s.fallback_prompt_map, default_prompt_name=s.default_prompt_name or None,
+                max_text_bytes=s.max_text_bytes, max_texts=s.max_request_texts)
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
+        self.clock = StageClock.from_env("tokenize")     # $ROSE_STAGE_TIMES: time each request
 
     def execute(self, requests):
-        return [self._one(r) for r in requests]
+        if self.clock is None:
+            return [self._one(r) for r in requests]
+        out = []
+        for r in requests:
+            timed = _Timed([("received", time.perf_counter_ns())])
+            out.append(self._one(r))
+            self.clock.mark(timed, "encoded_and_built")
+            self.clock.finish(timed)
+        return out
+
+    def finalize(self):
+        if self.clock is not None:
+            self.clock.write()
 
     def _one(self, request):
         try:

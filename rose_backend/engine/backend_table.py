@@ -1,6 +1,6 @@
 """Which attention backend runs which configuration, from measurements.
 
-benchmarks/attention_sweep.py times every backend per (attention shape, sequence-count bucket,
+`python -m rose_bench attention-sweep` (benchmarks/rose_bench/attention_sweep.py) times every backend per (attention shape, sequence-count bucket,
 token bucket) on the GPU and writes attention_table.json beside this file:
 
     {"device": "NVIDIA H200", "dtype": "bfloat16", "shapes": {
@@ -29,6 +29,7 @@ class BackendTable:
     def __init__(self, data: dict | None = None):
         self.data = data or {}
         self.shapes: dict[str, list[dict]] = self.data.get("shapes", {})
+        self._chosen: dict[tuple, str] = {}        # choose() runs per batch: remember its answers
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "BackendTable":
@@ -38,17 +39,31 @@ class BackendTable:
         with open(path) as f:
             return cls(json.load(f))
 
-    def choose(self, shape_key: str, seqs: int, tokens: int, available: list[str]) -> str:
-        """Backend name for one configuration, among `available` (non-empty)."""
+    def choose(self, shape_key: str, seqs: int, tokens: int, available: list[str], layers: int = 1,
+               plan_us: dict[str, float] | None = None) -> str:
+        """Backend name for one configuration, among `available` (non-empty): the least
+        `layers` x (measured us per layer call) + (host us to plan the batch, `plan_us`), since the
+        plan runs on the host before the forward pass and a lone request waits for both."""
         if not available:
             raise ValueError("no attention backend can run here")
+        key = (shape_key, seqs, tokens, tuple(available), layers)
+        hit = self._chosen.get(key)
+        if hit is not None:
+            return hit
         cells = self.shapes.get(shape_key, [])
+        plan_us = plan_us or {}
 
         def dist(c):
             return (abs(math.log2(c["tokens"] / tokens)), abs(math.log2(c["seqs"] / seqs)))
 
+        choice = None
         for cell in sorted(cells, key=dist):
-            times = {n: t for n, t in cell.get("us", {}).items() if n in available and t is not None}
-            if times:
-                return min(times, key=times.get)
-        return next((n for n in PREFERENCE if n in available), available[0])
+            cost = {n: t * layers + plan_us.get(n, 0.0) for n, t in cell.get("us", {}).items()
+                    if n in available and t is not None}
+            if cost:
+                choice = min(cost, key=cost.get)
+                break
+        if choice is None:
+            choice = next((n for n in PREFERENCE if n in available), available[0])
+        self._chosen[key] = choice
+        return choice

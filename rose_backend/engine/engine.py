@@ -49,10 +49,11 @@ class _Slot:
     """One entry of the ring of pinned host buffers (inputs staged, outputs returned)."""
 
     def __init__(self, words: int, out_rows: int, dim: int, pinned: bool):
-        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)   # see Engine._layout
+        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)   # see Engine._stage
         self.np = self.staging.numpy()
         self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
         self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
+        self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
         self.lt: LazyTensor | None = None
 
 
@@ -130,6 +131,7 @@ class Engine:
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
         words = 3 * tb + 2 * sb + 3
         self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
+        self._arange = np.arange(tb, dtype=np.int32)             # positions of a lone sequence
         self._views: dict[Key, _Views] = {}
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
         self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
@@ -166,7 +168,8 @@ class Engine:
         if self.attention is not None:
             return self.attention
         fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
-        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available)
+        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available, self.cfg.num_layers,
+                                 {n: backend_class(n).host_plan_us for n in fits or self.available})
 
     def _use(self, name: str) -> AttentionBackend:
         be = self._backend(name)
@@ -197,7 +200,8 @@ class Engine:
                 out = self._run_static(batch, key, slot, marks)
         if marks is not None:
             marks.append(("launched", time.perf_counter_ns()))
-        lt = LazyTensor.launch(out, s, host=slot.out if s <= slot.out.shape[0] else None)
+        fits = s <= slot.out.shape[0]
+        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None)
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))
@@ -219,9 +223,13 @@ class Engine:
         a = slot.np
         a[:t] = batch.input_ids
         a[t:tb] = self.cfg.pad_token_id
-        a[tb:tb + t] = batch.positions()
+        if s == 1:                          # one sequence (the online case): no per-token index math
+            a[tb:tb + t] = self._arange[:t]
+            a[2 * tb:2 * tb + t] = 0
+        else:
+            a[tb:tb + t] = batch.positions()
+            a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
         a[tb + t:2 * tb] = 0
-        a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
         a[2 * tb + t:3 * tb] = sb                                 # padding rows pool into the dummy
         o = 3 * tb
         cu = a[o:o + sb + 2]

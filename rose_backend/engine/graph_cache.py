@@ -26,7 +26,9 @@ from typing import Callable
 
 import torch
 
-Key = tuple[int, int]          # (sequence-count bucket, token bucket)
+# (sequence-count bucket, token bucket), plus a max_seqlen bound for backends whose launch grid
+# follows it (the engine adds it; see Engine._run_static)
+Key = tuple[int, int] | tuple[int, int, int]
 
 
 def token_buckets(max_tokens: int, small: int = 64, switch: int = 1024, big: int = 256) -> list[int]:

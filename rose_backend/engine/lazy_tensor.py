@@ -24,16 +24,18 @@ class LazyTensor:
         self.done = event is None
 
     @classmethod
-    def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None) -> "LazyTensor":
+    def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None,
+               event: "torch.cuda.Event | None" = None) -> "LazyTensor":
         """Queue src[:rows] -> host. `host`, if given, is a (pinned) buffer of at least src's shape
-        that nothing else writes until this handle is synchronized or detached."""
+        that nothing else writes until this handle is synchronized or detached; `event`, if given,
+        is recorded after the copy (the owner of a buffer ring reuses one per buffer)."""
         rows = src.shape[0] if rows is None else rows
         if src.device.type != "cuda":
             return cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
         if host is None:
             host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         host[:rows].copy_(src[:rows], non_blocking=True)      # cudaMemcpyAsync behind the forward pass
-        event = torch.cuda.Event()
+        event = event or torch.cuda.Event()
         event.record()
         return cls(host, event, rows)
 

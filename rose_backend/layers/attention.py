@@ -64,6 +64,7 @@ class AttentionBackend(abc.ABC):
     name = "base"
     supports_cuda_graphs = False
     graph_max_seqlen = False      # True: the launch grid follows meta.max_seqlen (the engine keys graphs on it)
+    host_plan_us = 0.0            # host time of plan() per batch (the engine weighs it against device time)
     device_types: tuple[str, ...] = ("cpu", "cuda")
 
     def __init__(self, shape: AttentionShape, device: torch.device):

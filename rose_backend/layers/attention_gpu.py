@@ -119,6 +119,10 @@ class FlashInferBackend(AttentionBackend):
     float_workspace_bytes = int(os.environ.get("ROSE_FLASHINFER_WORKSPACE_MB", "512")) << 20
     max_tokens = 8192 * max(1, float_workspace_bytes // (256 << 20))
     int_workspace_bytes = (8 << 20) * max(1, float_workspace_bytes // (256 << 20))
+    # plan() schedules the batch in Python and copies the schedule to the device: the engine's
+    # "planned" stage took 396 us p50 with fa3 on the H200 host (benchmarks/results/h200/
+    # host_path_before.json), about 60 us of it the engine's own work around the plan.
+    host_plan_us = 330.0
 
     @classmethod
     def unavailable_reason(cls, shape, device):
@@ -142,6 +146,7 @@ class FlashInferBackend(AttentionBackend):
         self._plan_done: torch.cuda.Event | None = None
         self._eager = self._wrapper(graph=False)
         self._graphs: dict = {}
+        self._last_plan: tuple | None = None    # (graph key, sequence lengths) of the last graph plan
         self._active = self._eager
 
     def _wrapper(self, graph: bool, cu: torch.Tensor | None = None):
@@ -160,9 +165,12 @@ class FlashInferBackend(AttentionBackend):
             w = self._graphs.get(meta.graph_key)
             if w is None:
                 w = self._graphs[meta.graph_key] = self._wrapper(graph=True, cu=meta.cu_seqlens)
+        cu = meta.host_cu()
+        if meta.graph_key is not None and self._last_plan == (meta.graph_key, meta.seq_lens):
+            self._active = w                    # the same layout as the last plan (the schedule lives
+            return                              # in the int workspace all wrappers share): keep it
         if self._plan_done is not None:
             self._plan_done.synchronize()       # the pinned mirror's previous copy has left
-        cu = meta.host_cu()
         s = self.shape
         w.plan(cu, cu, s.num_heads, s.num_kv_heads, s.head_dim, causal=s.causal,
                sm_scale=self.scale, q_data_type=s.dtype, kv_data_type=s.dtype,
@@ -171,6 +179,7 @@ class FlashInferBackend(AttentionBackend):
             self._plan_done = torch.cuda.Event()
         self._plan_done.record()
         self._active = w
+        self._last_plan = (meta.graph_key, list(meta.seq_lens)) if meta.graph_key is not None else None
 
     def run(self, q, k, v):
         return self._active.run(q, k, v)

@@ -1,7 +1,8 @@
 """LayerNorm / RMSNorm with the residual add folded in: norm(x + residual).
 
-On CUDA, AddLayerNorm runs one Triton kernel (layers/triton_kernels.py): the add, the statistics
-in float32 and the affine in one pass. On the CPU it is torch's own add + layer_norm.
+On CUDA, AddLayerNorm runs one Triton kernel (layers/fused_kernels.py): the add, the statistics
+in float32 and the affine in one pass; AddRMSNorm runs flashinfer's fused_add_rmsnorm (bf16/fp16).
+On the CPU (or with layers.fused.enabled False) both are plain torch.
 """
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rose_backend.layers import fused
+
 
 def _triton():
-    from rose_backend.layers import triton_kernels
-    return triton_kernels
+    from rose_backend.layers import fused_kernels
+    return fused_kernels
 
 
 class AddLayerNorm(nn.LayerNorm):
     """y = LayerNorm(x + residual); with residual None, plain LayerNorm. x, residual [T, H]."""
 
-    fused = True        # class switch: False forces the unfused torch path (for A/B measurements)
-
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.fused and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+        if fused.on(x) and x.dim() == 2 and x.stride(-1) == 1:
             r = residual if residual is not None else torch.zeros_like(x)
             return _triton().add_layernorm(x, r, self.weight, self.bias, self.eps)
         if residual is not None:
@@ -31,7 +32,7 @@ class AddLayerNorm(nn.LayerNorm):
     def embed(self, ids: torch.Tensor, positions: torch.Tensor, tok: nn.Embedding,
               pos: nn.Embedding) -> torch.Tensor:
         """LayerNorm(tok[ids] + pos[positions]): one kernel on CUDA (gathers folded in)."""
-        if self.fused and ids.is_cuda:
+        if fused.on(ids):
             return _triton().embed_layernorm(ids, positions, tok.weight, pos.weight,
                                              self.weight, self.bias, self.eps)
         return self(tok(ids), pos(positions))
@@ -50,3 +51,21 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+
+class AddRMSNorm(RMSNorm):
+    """(RMSNorm(x + residual), x + residual); with residual None, (RMSNorm(x), x).
+
+    The flashinfer path works in place: `residual` becomes x + residual and `x` its norm.
+    Both are scratch tensors of the forward pass, so that is safe and saves two round trips.
+    """
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if fused.half_kernels(x):
+            if residual is None:
+                return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps), x
+            fused.flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+            return x, residual
+        if residual is not None:
+            x = x + residual
+        return super().forward(x), x

@@ -18,9 +18,10 @@ from torch import nn
 
 from rose_backend.config import ModelConfig
 from rose_backend.layers.activation import linear_act
-from rose_backend.layers.attention import AttentionBackend, AttentionShape, make_backend
+from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddLayerNorm
 from rose_backend.loading import iter_safetensors, strip_prefix
+from rose_backend.models.packed import PackedModel
 
 _PREFIXES = ("bert.", "roberta.", "model.", "0.auto_model.")
 
@@ -48,7 +49,7 @@ class BertLayer(nn.Module):
         return self.ffn_norm(self.ffn_down(h), x)
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(PackedModel):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -59,18 +60,6 @@ class BertEncoder(nn.Module):
         self.embed_positions = nn.Embedding(cfg.max_positions, h)
         self.embed_norm = AddLayerNorm(h, eps=cfg.norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
-        self.attn: AttentionBackend | None = None
-
-    def set_attention_backend(self, name_or_backend: str | AttentionBackend) -> AttentionBackend:
-        if isinstance(name_or_backend, str):
-            device = self.embed_tokens.weight.device
-            shape = AttentionShape(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
-                                   self.embed_tokens.weight.dtype, causal=False)
-            name_or_backend = make_backend(name_or_backend, shape, device)
-        self.attn = name_or_backend
-        for layer in self.layers:
-            layer.attn = name_or_backend
-        return name_or_backend
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_norm.embed(input_ids, positions, self.embed_tokens, self.embed_positions)  # [T, H]

@@ -23,17 +23,13 @@ import torch
 from torch import nn
 
 from rose_backend.config import ModelConfig
+from rose_backend.layers import fused
 from rose_backend.layers.activation import silu_and_mul
-from rose_backend.layers.attention import AttentionBackend, AttentionShape, make_backend
-from rose_backend.layers.norm import RMSNorm
+from rose_backend.layers.attention import AttentionBackend
+from rose_backend.layers.norm import AddRMSNorm, RMSNorm
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.loading import iter_safetensors, strip_prefix
-
-try:                                        # optional GPU kernels; the CPU path never needs them
-    import flashinfer
-    from rose_backend.layers.qk_norm_rope import qk_norm_rope_
-except ImportError:                         # pragma: no cover - depends on the machine
-    flashinfer = qk_norm_rope_ = None
+from rose_backend.models.packed import PackedModel
 
 _PREFIXES = ("model.",)                     # Qwen3ForCausalLM keeps the decoder under "model."
 _SKIPPED = ("lm_head.",)                    # the LM head (tied or not) plays no part in embeddings
@@ -44,31 +40,6 @@ PACKED_MODULES = {
     "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
     "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
 }
-
-# Set False to force the torch kernels on CUDA too (the float32 references in tests/benchmarks).
-USE_FLASHINFER = True
-
-
-def _fused(x: torch.Tensor) -> bool:
-    return USE_FLASHINFER and flashinfer is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-
-
-class AddRMSNorm(RMSNorm):
-    """(RMSNorm(x + residual), x + residual); with residual None, (RMSNorm(x), x).
-
-    The flashinfer path works in place: `residual` becomes x + residual and `x` its norm.
-    Both are scratch tensors of the forward pass, so that is safe and saves two round trips.
-    """
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if _fused(x):
-            if residual is None:
-                return flashinfer.norm.rmsnorm(x, self.weight, self.eps), x
-            flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps)
-            return x, residual
-        if residual is not None:
-            x = x + residual
-        return super().forward(x), x
 
 
 class Qwen3Attention(nn.Module):
@@ -88,15 +59,16 @@ class Qwen3Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)                                                          # [T, (Hq + 2 Hkv) D]
-        rope, fused = self.rotary[0], _fused(qkv)
-        if fused:             # q/k norms and RoPE in one kernel, in place on qkv's q and k columns
+        rope, fuse = self.rotary[0], fused.half_kernels(qkv)
+        if fuse:              # q/k norms and RoPE in one kernel, in place on qkv's q and k columns
+            from rose_backend.layers.qk_norm_rope import qk_norm_rope_     # Triton: CUDA hosts only
             qk_norm_rope_(qkv, positions, self.q_norm.weight, self.k_norm.weight, rope.cos_sin_cache,
                           self.num_heads, self.num_kv_heads, self.q_norm.eps)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)                                    # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)                                 # [T, Hkv, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)                                 # [T, Hkv, D]
-        if not fused:
+        if not fuse:
             q, k = rope(positions, self.q_norm(q), self.k_norm(k))
         return self.o_proj(self.attn.run(q, k, v).reshape(t, self.q_size))              # [T, H]
 
@@ -110,9 +82,7 @@ class Qwen3MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)                                                   # [T, 2F]
-        act = flashinfer.activation.silu_and_mul(gate_up) if _fused(gate_up) else silu_and_mul(gate_up)
-        return self.down_proj(act)                                                       # [T, H]
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))                      # [T, 2F] -> [T, H]
 
 
 class Qwen3Layer(nn.Module):
@@ -130,7 +100,7 @@ class Qwen3Layer(nn.Module):
         return self.mlp(x), residual
 
 
-class Qwen3Decoder(nn.Module):
+class Qwen3Decoder(PackedModel):
     """Qwen3Model on packed tokens: forward(input_ids [T], positions [T]) -> hidden [T, H]."""
 
     def __init__(self, cfg: ModelConfig):
@@ -141,17 +111,6 @@ class Qwen3Decoder(nn.Module):
                                       cfg.rope_theta)
         self.layers = nn.ModuleList(Qwen3Layer(cfg, self.rotary) for _ in range(cfg.num_layers))
         self.norm = AddRMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.attn: AttentionBackend | None = None
-
-    def set_attention_backend(self, name_or_backend: str | AttentionBackend) -> AttentionBackend:
-        if isinstance(name_or_backend, str):
-            shape = AttentionShape(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
-                                   self.embed_tokens.weight.dtype, causal=self.cfg.causal)
-            name_or_backend = make_backend(name_or_backend, shape, self.embed_tokens.weight.device)
-        self.attn = name_or_backend
-        for layer in self.layers:
-            layer.self_attn.attn = name_or_backend
-        return name_or_backend
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None                                 # [T, H]
@@ -172,9 +131,9 @@ class Qwen3Decoder(nn.Module):
             if name.startswith(_SKIPPED):
                 continue
             shard = None
-            for part, (fused, shard_name) in PACKED_MODULES.items():
+            for part, (packed, shard_name) in PACKED_MODULES.items():
                 if f".{part}." in name:
-                    name, shard = name.replace(f".{part}.", f".{fused}."), shard_name
+                    name, shard = name.replace(f".{part}.", f".{packed}."), shard_name
                     break
             if name not in params:
                 raise KeyError(f"{model_dir}: unexpected weight {raw_name!r} for a qwen3 model")

@@ -19,95 +19,33 @@ runs, the loop thread launches nothing; requests that arrive meanwhile queue as 
 Stage timing: with a StageClock (serving/stage_clock.py) each request is marked at every stage of
 its host path, and the engine's step is split into its own stages.
 
-Failure handling (the service keeps serving through all of these):
-    overload      submit() raises Overloaded once `max_queued_tokens` are waiting (answer at once,
-                  "retry later"; nothing queues without bound)
-    cancellation  requests that waited in the pool are asked whether their caller is gone; a
-                  cancelled request leaves the pool, its remaining sequences are never computed
-                  and it gets its one FINAL response (an error) like every other request
-    out of memory a batch whose forward pass runs out of memory is split in halves and retried,
-                  down to single sequences; a single sequence that still fails gets an error
-    other errors  the batch's requests get an error response
-    shutdown      stop(timeout) finishes what was admitted; whatever is left when the time is up
-                  gets an explicit "shutting down" error, so no request is left unanswered
+Failure handling (overload, cancellation, out of memory, other errors, shutdown): outcomes.py.
 """
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
+from rose_backend.serving.memory import HostMemoryTrimmer, free_device_cache
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, is_out_of_memory
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
+from rose_backend.serving.settings import RoseSettings
 
 log = logging.getLogger(__name__)
 
 
-class Unavailable(RuntimeError):
-    """The service cannot take this request now; the caller should retry later (or elsewhere)."""
-
-
-class Overloaded(Unavailable):
-    """The pool holds more queued tokens than allowed; the caller should retry later."""
-
-
-class ShuttingDown(Unavailable):
-    """The service is stopping and takes no new requests."""
-
-
-CANCELLED = "the request was cancelled"
-SHUTTING_DOWN = "the server is shutting down; retry later (on another server)"
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, or a RuntimeError saying so (other allocators, older torch)."""
-    return type(e).__name__ == "OutOfMemoryError" or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
-
-
-@dataclass(slots=True)
-class ServiceStats:
-    requests: int = 0
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    batches: int = 0
-    batch_tokens: int = 0
-    oom_splits: int = 0             # batches that ran out of memory and were split and retried
-
-
-class HostMemoryTrimmer:
-    """Hands freed heap memory back to the OS at most once per `interval` seconds (glibc only).
-
-    Batches of ever-changing shapes free and allocate host buffers of every size; glibc keeps the
-    freed memory in fragmented heaps, so a long-running CPU server's RSS climbs (+44% in the
-    1-minute soak). malloc_trim(0) returns it (measured: 494 -> 501 MiB over 600 batches instead of
-    584 -> 663) at no visible cost per batch, unlike a fixed MALLOC_MMAP_THRESHOLD_ (slower).
-    """
-
-    def __init__(self, interval: float = 1.0):
-        self.interval, self._last = interval, time.monotonic()
-        try:
-            import ctypes
-            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):   # not glibc: nothing to do
-            self._trim = None
-
-    def maybe_trim(self) -> None:
-        now = time.monotonic()
-        if self._trim is not None and now - self._last >= self.interval:
-            self._last = now
-            self._trim(0)
-
-
 class EmbeddingService:
-    def __init__(self, engine, on_complete: Callable[[Request], None], *, max_batch_tokens: int = 8192,
-                 max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 0,
+    def __init__(self, engine, on_complete: Callable[[Request], None], *,
+                 max_batch_tokens: int = RoseSettings.max_batch_tokens, max_batch_seqs: int = RoseSettings.max_batch_seqs,
+                 max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens,
                  inline: bool = True, clock=None):
+        """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); inline: run a
+        lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock."""
         self.engine = engine
         self.on_complete = on_complete
         self.inline = inline
@@ -300,7 +238,7 @@ class EmbeddingService:
             b = todo.pop().live()
             if b is None:
                 continue
-            _free_device_cache()
+            free_device_cache()
             try:
                 emb = self.engine.step(b.pack()).synchronize()        # [S, D] float32
             except Exception as e:
@@ -400,13 +338,6 @@ def _release(r: Request) -> None:
     # shutdown waits for that.
     r.handle = None
     r.is_cancelled = None
-
-
-def _free_device_cache() -> None:
-    """Hand cached CUDA blocks back before a retry (torch only if the engine already loaded it)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.001) -> bool:

@@ -4,33 +4,7 @@ execute() validates each request, admits it into the EmbeddingService pool and r
 service's loop thread batches, runs the engine and calls back here to send each request exactly
 one response, with the FINAL flag. Bad input gets an error response at once; nothing else waits.
 
-config.pbtxt parameters (all optional):
-    model_dir            Hugging Face folder (default: $ROSE_MODEL_DIR, else the default model)
-    device               auto | cpu | cuda (auto: the instance kind Triton assigns)
-    dtype                float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)
-    attention            attention backend name (default: the engine's choice)
-    max_batch_tokens     token budget of one forward pass (default 16384)
-    max_batch_seqs       sequence cap of one forward pass (default 64)
-    max_inflight         batches launched but not yet collected (default 2)
-    precapture           "seqs:tokens,..." configurations warmed up (and their CUDA graphs captured)
-                         in initialize(), so the model is READY only once kernels are compiled (JIT)
-                         and the common shapes captured; "none" for none. Default on a GPU:
-                         warmup.DEFAULT_GPU_PRECAPTURE (single sequences 64..512 tokens, batches to 16384
-                         tokens), on the CPU one tiny batch; fitted to the model's positions and
-                         the batch limits. Other configurations are captured on their second sight.
-    max_queued_tokens    tokens waiting in the pool before new requests are refused as
-                         overloaded (default 1048576; 0 = unbounded)
-    max_request_seqs     sequences per request (default 4096)
-    max_request_tokens   tokens per request (default 1048576)
-    cuda_graphs          auto (default: on a GPU) | off (every batch eager; e.g. to force out of memory)
-    gpu_memory_headroom_mb  0 (default): no cap. N: after warm-up, cap this process's CUDA memory at
-                         what it holds plus N MiB (torch.cuda.set_per_process_memory_fraction), so
-                         batches needing more run out of memory and are split and retried: a
-                         test/soak knob to force out-of-memory on a large GPU, or to share one
-    drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
-                         left gets a "shutting down" error (default 20)
-    inline_execute       true | false: a request arriving while nothing is queued or running is run
-                         inside execute() itself, with no hand-over to the scheduler thread (default true)
+config.pbtxt parameters: rose_backend.serving.settings.RoseSettings (their meaning and defaults).
 Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
 and the summary written to <folder>/rose_<pid>.json when the model unloads (serving/stage_clock.py).
 
@@ -48,20 +22,17 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
+from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.scheduler import Request
-from rose_backend.serving.service import EmbeddingService, Unavailable
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.settings import RoseSettings
 from rose_backend.serving.stage_clock import StageClock
+from rose_backend.serving.triton_interop import check_numpy_interop
 from rose_backend.serving.validation import RequestLimits, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
-from rose_backend.triton_interop import check_numpy_interop
-from rose_backend.triton_params import ModelParameters
 
 log = logging.getLogger("rose")
-
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16"}
-
 
 class RoseModel:
     def initialize(self, args):
@@ -69,50 +40,36 @@ class RoseModel:
 
         check_numpy_interop(pb_utils, "rose")
         watch_parent("rose")        # exit with the server, even if the stub's own exit deadlocks
-        params = ModelParameters(args["model_config"])
         try:
-            cfg = ModelConfig.from_folder(resolve_model_dir(params.str("model_dir") or None))
-            device = self._device(params.str("device", "auto"), args, torch)
-            dtype_name = params.str("dtype", "")
-            if dtype_name and dtype_name not in _DTYPES:
-                raise ValueError(f"parameter 'dtype' must be one of {sorted(_DTYPES)}, got {dtype_name!r}")
-            dtype = getattr(torch, _DTYPES[dtype_name]) if dtype_name else None
+            s = RoseSettings.from_model_config(args["model_config"])
+            cfg = ModelConfig.from_folder(resolve_model_dir(s.model_dir or None))
+            device = self._device(s.device, args, torch)
+            dtype = getattr(torch, s.torch_dtype_name) if s.torch_dtype_name else None
             from rose_backend.engine.engine import Engine
-            max_batch_tokens = params.int("max_batch_tokens", 16384, minimum=1)
-            max_batch_seqs = params.int("max_batch_seqs", 64, minimum=1)
-            max_inflight = params.int("max_inflight", 2, minimum=1)
             self.engine = Engine(
-                cfg, device=device, dtype=dtype, attention=params.str("attention") or None,
+                cfg, device=device, dtype=dtype, attention=s.attention or None,
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
-                max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=max_batch_seqs,
-                max_inflight=max_inflight, graphs=_on_off(params.str("cuda_graphs", "auto")))
-            warm = precapture_plan(params.str("precapture"), device.startswith("cuda"),
-                                   max_tokens=max(max_batch_tokens, cfg.max_positions),
-                                   max_seqs=max_batch_seqs, max_len=cfg.max_positions)
+                max_tokens=max(s.max_batch_tokens, cfg.max_positions), max_seqs=s.max_batch_seqs,
+                max_inflight=s.max_inflight, graphs=s.graphs)
+            warm = precapture_plan(s.precapture, self.engine.device.type == "cuda",
+                                   max_tokens=max(s.max_batch_tokens, cfg.max_positions),
+                                   max_seqs=s.max_batch_seqs, max_len=cfg.max_positions)
             t0 = time.perf_counter()
-            self.engine.precapture(warm)
+            self.engine.precapture(warm)            # before READY: kernels compiled, graphs captured
             log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
-            cap_gpu_memory(device, params.int("gpu_memory_headroom_mb", 0, minimum=0), torch)
-            self.limits = RequestLimits(
-                max_seq_len=cfg.max_positions,
-                vocab_size=cfg.vocab_size,
-                max_request_seqs=params.int("max_request_seqs", 4096, minimum=1),
-                max_request_tokens=params.int("max_request_tokens", 1 << 20, minimum=1),
-            )
-            inline = params.str("inline_execute", "true").lower()
-            if inline not in ("true", "false"):
-                raise ValueError(f"parameter 'inline_execute' must be true or false, got {inline!r}")
+            cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
+            self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
+                                        max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens)
+            inline = s.inline_execute
+            if inline == "auto":
+                inline = "true" if self.engine.device.type == "cuda" else "false"
             self.clock = StageClock.from_env("rose")
             self.engine.mark_stages = self.clock is not None
             self.service = EmbeddingService(
-                self.engine, self._respond,
-                max_batch_tokens=max_batch_tokens,
-                max_batch_seqs=max_batch_seqs,
-                max_inflight=max_inflight,
-                max_queued_tokens=params.int("max_queued_tokens", 1 << 20, minimum=0),
-                inline=inline == "true", clock=self.clock,
-            )
-            self.drain_timeout = params.int("drain_timeout_s", 20, minimum=0)
+                self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
+                max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
+                inline=inline == "true", clock=self.clock)
+            self.drain_timeout = s.drain_timeout_s
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
@@ -123,8 +80,6 @@ class RoseModel:
 
     @staticmethod
     def _device(choice: str, args, torch) -> str:
-        if choice not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"parameter 'device' must be auto, cpu or cuda, got {choice!r}")
         kind = args.get("model_instance_kind", "CPU")
         gpu_id = int(args.get("model_instance_device_id", 0) or 0)
         if choice == "cpu" or (choice == "auto" and (kind != "GPU" or not torch.cuda.is_available())):
@@ -180,12 +135,6 @@ class RoseModel:
         self.metrics.stop()
         if self.clock is not None:
             self.clock.write()
-
-
-def _on_off(value: str) -> bool | None:
-    if value not in ("auto", "on", "off"):
-        raise ValueError(f"parameter 'cuda_graphs' must be auto, on or off, got {value!r}")
-    return None if value == "auto" else value == "on"
 
 
 class _Metrics:

@@ -30,21 +30,21 @@ def validate_tokens(input_ids: np.ndarray | None, seq_lens: np.ndarray | None,
     if seq_lens.size > limits.max_request_seqs:
         raise ValueError(f"the request has {seq_lens.size} sequences; the limit is "
                          f"max_request_seqs={limits.max_request_seqs}")
-    bad = np.flatnonzero(seq_lens <= 0)
-    if bad.size:
-        raise ValueError(f"SEQ_LENS[{bad[0]}] is {seq_lens[bad[0]]}: every length must be at least 1")
+    # The common case costs a few reductions; the element that is wrong is looked for only after
+    # one of them fails (this runs on the request path: ~100 us before, measured on the H200 host).
+    if seq_lens.min() <= 0:
+        i = int(np.flatnonzero(seq_lens <= 0)[0])
+        raise ValueError(f"SEQ_LENS[{i}] is {seq_lens[i]}: every length must be at least 1")
     total = int(seq_lens.sum(dtype=np.int64))
     if total != input_ids.size:
         raise ValueError(f"SEQ_LENS sum to {total} but INPUT_IDS holds {input_ids.size} token ids")
     if total > limits.max_request_tokens:
         raise ValueError(f"the request has {total} tokens; the limit is max_request_tokens={limits.max_request_tokens}")
-    too_long = np.flatnonzero(seq_lens > limits.max_seq_len)
-    if too_long.size:
-        i = too_long[0]
+    if seq_lens.max() > limits.max_seq_len:
+        i = int(np.flatnonzero(seq_lens > limits.max_seq_len)[0])
         raise ValueError(f"sequence {i} has {seq_lens[i]} tokens; this model embeds at most {limits.max_seq_len} "
                          "tokens per sequence (truncate it, or send text through `embed`, which truncates)")
-    oov = np.flatnonzero((input_ids < 0) | (input_ids >= limits.vocab_size))
-    if oov.size:
-        i = oov[0]
+    if input_ids.min() < 0 or input_ids.max() >= limits.vocab_size:
+        i = int(np.flatnonzero((input_ids < 0) | (input_ids >= limits.vocab_size))[0])
         raise ValueError(f"INPUT_IDS[{i}] = {input_ids[i]} is outside the vocabulary [0, {limits.vocab_size})")
     return np.ascontiguousarray(input_ids), np.ascontiguousarray(seq_lens)

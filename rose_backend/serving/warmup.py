@@ -20,7 +20,7 @@ def precapture_plan(value: str, cuda: bool, max_tokens: int, max_seqs: int, max_
     if value.lower() == "none":
         return []
     plan = []
-    for seqs, tokens in _parse_precapture(value or (DEFAULT_GPU_PRECAPTURE if cuda else DEFAULT_CPU_PRECAPTURE)):
+    for seqs, tokens in parse_precapture(value or (DEFAULT_GPU_PRECAPTURE if cuda else DEFAULT_CPU_PRECAPTURE)):
         tokens = min(tokens, max_tokens)
         seqs = min(max(seqs, -(-tokens // max_len)), max_seqs)
         tokens = min(tokens, seqs * max_len)
@@ -29,14 +29,17 @@ def precapture_plan(value: str, cuda: bool, max_tokens: int, max_seqs: int, max_
     return plan
 
 
-def _parse_precapture(value: str) -> list[tuple[int, int]]:
-    """Parameter `precapture`: "seqs:tokens,seqs:tokens" configurations to capture at start-up."""
+def parse_precapture(value: str) -> list[tuple[int, int]]:
+    """Parameter `precapture` as [(seqs, tokens), ...] ("none" and "" give [])."""
     out = []
+    if value.strip().lower() == "none":
+        return out
     for item in filter(None, (v.strip() for v in value.split(","))):
         try:
             seqs, tokens = (int(x) for x in item.split(":"))
         except ValueError:
-            raise ValueError(f"parameter 'precapture' takes seqs:tokens pairs like 1:128,8:4096; got {item!r}") from None
+            raise ValueError(f"model 'rose': parameter 'precapture' takes seqs:tokens pairs like "
+                             f"1:128,8:4096 (or none); got {item!r}") from None
         out.append((seqs, tokens))
     return out
 

@@ -8,6 +8,15 @@ import pytest
 import torch
 
 
+def pytest_sessionstart(session):
+    """Compile the flashinfer kernels of the suite's shapes in parallel first (tests/gpu/precompile.py);
+    ROSE_GPU_PRECOMPILE=0 leaves it out. Only when the GPU suite is what runs on a CUDA host."""
+    args = " ".join(str(a) for a in session.config.args).replace(os.sep, "/")
+    if torch.cuda.is_available() and "tests/gpu" in args and os.environ.get("ROSE_GPU_PRECOMPILE", "1") != "0":
+        from tests.gpu.precompile import precompile_all
+        print(f"\nflashinfer precompile: {precompile_all()}", flush=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -22,30 +22,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.utils.dlpack  # noqa: E402
 
+from rose_backend.config import ModelConfig  # noqa: E402
+
 try:
     import triton_python_backend_utils as pb_utils  # noqa: E402
 except ImportError:       # imported outside Triton (tests use NaiveEmbedder directly)
     pb_utils = None
-
-
-def read_pooling(folder: Path):
-    """(pooling mode, normalize) from modules.json and the pooling module's config."""
-    config = json.loads((folder / "config.json").read_text())
-    pooling, normalize = ("mean" if config.get("model_type") == "qwen3" else "cls"), False
-    modules = folder / "modules.json"
-    if modules.exists():
-        for m in json.loads(modules.read_text()):
-            if m.get("type", "").endswith("Normalize"):
-                normalize = True
-            elif m.get("type", "").endswith("Pooling") and (folder / m.get("path", "") / "config.json").exists():
-                pc = json.loads((folder / m["path"] / "config.json").read_text())
-                if pc.get("pooling_mode_cls_token"):
-                    pooling = "cls"
-                elif pc.get("pooling_mode_mean_tokens"):
-                    pooling = "mean"
-                elif pc.get("pooling_mode_lasttoken"):
-                    pooling = "lasttoken"
-    return pooling, normalize
 
 
 class NaiveEmbedder:
@@ -59,14 +41,15 @@ class NaiveEmbedder:
         self.model = AutoModel.from_pretrained(str(self.folder), dtype=dtype,
                                                attn_implementation=attn_implementation).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.folder))
-        self.pooling, self.normalize = read_pooling(self.folder)
+        # pooling, normalization and attention mode as the server reads the folder (one reader)
+        cfg = ModelConfig.from_folder(self.folder)
+        self.pooling, self.normalize = cfg.pooling, cfg.normalize
         self.pad_id = self.config.get("pad_token_id")
         if self.pad_id is None:
             self.pad_id = self.tokenizer.pad_token_id or 0
         # pplx-embed style decoders attend both ways: no causal mask anywhere.
-        self.bidirectional = bool(self.config.get("use_bidirectional_attention") or self.config.get("is_bidirectional")
-                                  or self.config.get("is_causal") is False)
-        self.is_decoder = self.config.get("model_type") == "qwen3"
+        self.is_decoder = cfg.is_decoder
+        self.bidirectional = cfg.is_decoder and not cfg.causal
         if self.bidirectional:
             for m in self.model.modules():
                 if hasattr(m, "is_causal"):

@@ -1,0 +1,18 @@
+"""The benchmarks of the rose embedding server, one package with one entry point:
+
+    python -m rose_bench e2e --model bge-m3 --quick        # this deployment against a naive Triton one
+    python -m rose_bench multi-gpu --model bge-m3 --gpus 0,1
+    python -m rose_bench engine                            # the engine alone, BGE-M3 shape (GPU)
+    python -m rose_bench qwen3                             # the Qwen3 decoder alone, pplx-embed shape (GPU)
+    python -m rose_bench attention-sweep                   # writes the engine's attention-backend table
+    python -m rose_bench forward-profile                   # device time and kernels per shape / backend (GPU)
+    python -m rose_bench host-path                         # one request's host path, per stage
+    python -m rose_bench merge OUT.json RUN.json ...       # join end-to-end runs of one model
+    python -m rose_bench render-readme                     # README's Performance section from the JSON
+    python -m rose_bench charts RESULT.json                # redraw one run's charts
+    python -m rose_bench perf-inputs --vocab 250002        # perf_analyzer input files
+
+`python -m rose_bench SUBCOMMAND --help` describes each. Results go to benchmarks/results/.
+Install with the project's `bench` extra (pip install -e ".[bench]"); random-weight model folders
+come from rose_backend.testing.
+"""

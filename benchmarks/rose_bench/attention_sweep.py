@@ -1,0 +1,127 @@
+"""Time every attention backend per (attention shape, sequence-count bucket, token bucket) on the
+GPU and write the table the engine chooses from (rose_backend/engine/attention_table.json).
+
+Each cell: random lengths of S sequences summing to T tokens, laid out as the engine lays out a
+graph configuration (S + 1 entries, the last a dummy holding padding); each backend is planned in
+graph mode, 10 layer-calls are captured in one CUDA graph, and the replay is timed with events
+(median of 5). Margin = second-best time / best time.
+
+    python -m rose_bench attention-sweep [--out benchmarks/results/attention_sweep.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rose_backend.engine.backend_table import TABLE_PATH
+from rose_backend.layers.attention import AttentionMetadata, AttentionShape, available_backends, make_backend
+
+SHAPES = {  # name -> shape
+    "bge-m3": AttentionShape(16, 16, 64, torch.bfloat16),
+    "pplx-embed-0.6b": AttentionShape(16, 8, 128, torch.bfloat16),
+    "qwen3-embedding-0.6b (causal)": AttentionShape(16, 8, 128, torch.bfloat16, causal=True),
+    "all-MiniLM-L6-v2": AttentionShape(12, 12, 32, torch.bfloat16),
+}
+SEQS = (1, 4, 16, 64, 128)
+TOKENS = (128, 512, 2048, 8192, 32768, 65536)
+
+
+def cell_layout(rng, s: int, t: int) -> np.ndarray:
+    w = rng.random(s) + 0.2
+    lens = np.maximum(1, np.floor(w / w.sum() * t)).astype(np.int32)
+    lens[-1] += t - lens.sum()
+    if lens[-1] < 1:
+        lens = np.full(s, t // s, np.int32)
+        lens[-1] += t - lens.sum()
+    cu = np.zeros(s + 2, np.int32)
+    np.cumsum(lens, out=cu[1:s + 1])
+    cu[s + 1] = cu[s]                  # the (here empty) dummy sequence slot
+    return cu
+
+
+def time_backend(be, shape, cu_np, t, reps=10):
+    cu_host = torch.from_numpy(cu_np)
+    cu = cu_host.cuda()
+    q = torch.randn(t, shape.num_heads, shape.head_dim, device="cuda", dtype=shape.dtype)
+    k = torch.randn(t, shape.num_kv_heads, shape.head_dim, device="cuda", dtype=shape.dtype)
+    v = torch.randn_like(k)
+    lens = np.diff(cu_np).tolist()
+    be.plan(AttentionMetadata(cu, min(t, 8192), lens, shape.causal, graph_key=("sweep", len(lens), t),
+                              cu_seqlens_host=cu_host))
+    be.run(q, k, v)                    # warm (JIT, workspaces)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            be.run(q, k, v)
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    del g
+    return float(np.median(times))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results/attention_sweep.json")
+    ap.add_argument("--table", default=str(TABLE_PATH))
+    ap.add_argument("--shapes", default="", help="comma list of SHAPES names (default: all)")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    table = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "torch": torch.__version__,
+             "date": time.strftime("%Y-%m-%d"), "shapes": {}, "names": {}, "errors": {}}
+    for name, shape in SHAPES.items():
+        if args.shapes and name not in args.shapes.split(","):
+            continue
+        backends = [n for n in available_backends(shape, "cuda") if n != "sdpa_loop"]
+        table["names"][shape.key] = name
+        objs = {}
+        for n in backends:
+            t0 = time.perf_counter()
+            try:
+                objs[n] = make_backend(n, shape, "cuda")
+                time_backend(objs[n], shape, cell_layout(rng, 1, 128), 128)     # JIT compile here
+            except Exception as e:  # a backend that cannot build this shape is left out, with why
+                table["errors"][f"{shape.key}/{n}"] = f"{type(e).__name__}: {str(e)[:300]}"
+                objs.pop(n, None)
+            print(f"{shape.key} {n}: first use {time.perf_counter() - t0:.1f} s", flush=True)
+        cells = []
+        for s in SEQS:
+            for t in TOKENS:
+                if s > t // 16 and s > 1 or t / s > 8192 or (shape.causal and t > 8192) or (shape.head_dim == 32 and t > 8192):
+                    continue
+                cu = cell_layout(rng, s, t)
+                us = {}
+                for n, be in objs.items():
+                    try:
+                        us[n] = round(time_backend(be, shape, cu, t), 2)
+                    except Exception as e:
+                        table["errors"][f"{shape.key}/{n}/{s}x{t}"] = f"{type(e).__name__}: {str(e)[:200]}"
+                if not us:
+                    continue
+                order = sorted(us, key=us.get)
+                margin = round(us[order[1]] / us[order[0]], 3) if len(order) > 1 else None
+                cells.append({"seqs": s, "tokens": t, "us": us, "best": order[0], "margin": margin})
+                print(f"{shape.key:12s} {s:4d} x {t:6d}: " + "  ".join(f"{n} {u:9.1f}" for n, u in us.items())
+                      + f"   -> {order[0]} x{margin}", flush=True)
+        table["shapes"][shape.key] = cells
+        for p in (args.out, args.table):         # after every shape: a cut-off run still leaves a table
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+            Path(p).write_text(json.dumps(table, indent=1))
+    print("errors:", json.dumps(table["errors"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Where the forward pass spends its device time: per model shape, batch configuration and attention
+backend, the CUDA-graph replay time, the kernels of one replay (torch.profiler, grouped by name) and
+the gap to an unpadded eager reference. Random weights at the real shapes, bf16.
+
+    source .gpu/enter.sh && PYTHONPATH=.:client:benchmarks python3 -m rose_bench forward-profile --out $OUT
+
+Results: <out>/forward_profile.json (written after every cell, so a run cut short keeps what it did).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rose_backend.config import ModelConfig
+from rose_backend.engine.batch import PackedBatch
+from rose_backend.engine.engine import Engine
+from rose_backend.testing.folders import make_folder as _make_folder
+
+CONFIGS = [(1, 128), (1, 512), (1, 4096), (100, 512)]
+
+
+def make_folder(name: str, root: Path) -> Path:
+    return _make_folder(name, root / name, device="cuda")
+
+
+def replay_ms(fn, reps: int = 20) -> float:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return float(np.median(out))
+
+
+def kernel_table(fn, reps: int = 3) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")):
+            by_name[e.name].append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    rows = sorted(((n, len(v) / reps, sum(v) / reps) for n, v in by_name.items()), key=lambda r: -r[2])
+    return {"kernels_per_forward": sum(r[1] for r in rows),
+            "device_us_per_forward": round(sum(r[2] for r in rows), 1),
+            "top": [{"name": n[:120], "count": c, "us": round(us, 1)} for n, c, us in rows[:14]]}
+
+
+def cell(eng: Engine, ref: Engine, s: int, n: int, rng, profile: bool) -> dict:
+    lens = np.full(s, n, np.int32)
+    b = PackedBatch(rng.integers(5, eng.cfg.vocab_size - 1, size=s * n).astype(np.int32), lens)
+    eng.step(b).synchronize()                 # eager (warm-up, JIT)
+    got = eng.step(b).synchronize()           # capture + replay
+    key = eng.last_key
+    if eng.graphs.entries[key].state != "captured":
+        raise RuntimeError(f"{key} was not captured")
+    graph = lambda: eng.graphs.replay(key)    # noqa: E731
+    out = {"key": list(key), "backend": eng.backend_for(*key[:2]), "graph_ms": round(replay_ms(graph), 4)}
+    want = ref.step(b).synchronize()
+    a = got / np.linalg.norm(got, axis=1, keepdims=True)
+    w = want / np.linalg.norm(want, axis=1, keepdims=True)
+    out["one_minus_cos_vs_unpadded_eager"] = float(1 - (a * w).sum(1).min())
+    if profile:
+        out["profile"] = kernel_table(graph)
+    return out
+
+
+def run_one(model: str, backend: str, configs, folders: Path, warm_only: bool) -> dict:
+    """One (model, backend) in this process: a fault in one backend cannot take the others down."""
+    cells = {}
+    cfg = ModelConfig.from_folder(make_folder(model, folders))
+    t0 = time.perf_counter()
+    eng = Engine(cfg, "cuda", attention=backend, max_tokens=65536, max_seqs=128)
+    if warm_only:                             # compile the kernels (flashinfer JIT) and leave
+        for s, n in configs:
+            lens = np.full(s, n, np.int32)
+            eng.step(PackedBatch(np.full(s * n, 5, np.int32), lens)).synchronize()
+        return {"warm_seconds": round(time.perf_counter() - t0, 1)}
+    ref = Engine(cfg, "cuda", attention="torch_varlen", graphs=False)
+    for s, n in configs:
+        try:
+            cells[f"{s}x{n}"] = cell(eng, ref, s, n, np.random.default_rng(0), profile=True)
+        except Exception as e:
+            cells[f"{s}x{n}"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-800:]}
+            break                             # the CUDA context may be gone
+    cells["seconds"] = round(time.perf_counter() - t0, 1)
+    return cells
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/forward_profile")
+    ap.add_argument("--models", default="bge-m3,pplx-embed")
+    ap.add_argument("--backends", default="torch_varlen,flashinfer,flashinfer_fa3")
+    ap.add_argument("--configs", default=",".join(f"{s}x{n}" for s, n in CONFIGS))
+    ap.add_argument("--folders", default="/tmp/rose-folders")
+    ap.add_argument("--one", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
+    ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per (model, backend) process")
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
+    if args.one:
+        print("RESULT " + json.dumps(run_one(*args.one, configs, Path(args.folders), args.warm_only)), flush=True)
+        return
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"command": " ".join(sys.argv), "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": torch.cuda.get_device_name(0), "host": platform.node(), "torch": torch.__version__,
+              "env": {k: v for k, v in os.environ.items() if k.startswith("ROSE_")}, "warm": {}, "cells": {}}
+    path = out_dir / "forward_profile.json"
+    pairs = [(m, b) for m in args.models.split(",") for b in args.backends.split(",")]
+    for m in args.models.split(","):          # folders first (one writer each)
+        make_folder(m, Path(args.folders))
+    base = [sys.executable, "-m", "rose_bench", "forward-profile", "--configs", args.configs, "--folders", args.folders, "--out", args.out]
+
+    def collect(proc, label):
+        try:
+            text, _ = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            text, _ = proc.communicate()
+            return {"error": f"timed out after {args.timeout} s", "log": text[-1500:]}
+        for line in text.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[7:])
+        return {"error": f"exit {proc.returncode}", "log": text[-1500:]}
+
+    # Phase 1, in parallel: compile every backend's kernels. Phase 2, one at a time: measure.
+    procs = {(m, b): subprocess.Popen(base + ["--one", m, b, "--warm-only"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True) for m, b in pairs}
+    for (m, b), p in procs.items():
+        result["warm"][f"{m}/{b}"] = collect(p, "warm")
+        print("warm", m, b, json.dumps(result["warm"][f"{m}/{b}"])[:300], flush=True)
+    path.write_text(json.dumps(result, indent=1))
+    for m, b in pairs:
+        p = subprocess.Popen(base + ["--one", m, b], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cells = collect(p, "measure")
+        result["cells"][f"{m}/{b}"] = cells
+        for k, v in cells.items():
+            if isinstance(v, dict):
+                print(m, b, k, json.dumps({x: y for x, y in v.items() if x != "profile"})[:300], flush=True)
+            else:
+                print(m, b, k, v, flush=True)
+        path.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Host path of one request through Triton: perf_analyzer latency of `rose` (token ids) and `embed`
+(one text) at concurrency 1, and where the time goes per stage (ROSE_STAGE_TIMES, see
+rose_backend/serving/stage_clock.py), for each model shape and each `inline_execute` setting.
+
+    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench host-path --out $OUT \
+        --models bge-m3,pplx-embed --inline bge-m3=true,false
+
+Random-weight folders at the real shapes (the bench's WordLevel tokenizer: text "w12 w34" is ids
+[12, 34], so a 128-word text is the same 128 tokens as the `rose` id request). Results:
+<out>/host_path.json (command, commit, machine, date; written after every server).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
+from rose_backend.testing.folders import ids_to_text, make_folder, random_ids
+from rose_bench.perf import run_perf_analyzer, write_input_data
+
+
+def text_input(path: Path, vocab: int, words: int, variants: int = 16) -> Path:
+    rng = np.random.default_rng(words)
+    data = [{"TEXT": {"content": [ids_to_text(random_ids(rng, vocab, words))], "shape": [1]}} for _ in range(variants)]
+    path.write_text(json.dumps({"data": data}))
+    return path
+
+
+def triton_metric(url: str, name: str, model: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    m = re.search(rf'^{name}{{model="{model}",version="1"}} ([0-9.e+]+)$', text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: int) -> dict:
+    stage_dir = work / f"stages-{model}-{inline}"
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{model}-{inline}",
+                           {"rose": {"inline_execute": inline, "precapture": "1:128,1:512"}})
+    ports = free_ports()
+    srv = TritonProcess(str(folder), repo, ports, log_file=work / f"triton-{model}-{inline}.log",
+                        env=dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)))
+    t0 = time.monotonic()
+    srv.start()
+    out: dict = {"inline_execute": inline}
+    try:
+        srv.wait_ready(timeout=420)
+        out["ready_s"] = round(time.monotonic() - t0, 1)
+        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+        runs = {f"rose 1x{n} ids": ("rose", write_input_data(work / f"ids_{model}_{n}.json", vocab, n)) for n in (128, 512)}
+        runs["embed one 128-word text"] = ("embed", text_input(work / f"text_{model}_128.json", vocab, 128))
+        metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
+        for name, (served, data) in runs.items():
+            before = {k: triton_metric(metrics, k, "tokenize") for k in
+                      ("nv_inference_compute_infer_duration_us", "nv_inference_queue_duration_us", "nv_inference_request_success")}
+            res = run_perf_analyzer(srv.grpc_url, served, data, work / f"pa-{model}-{inline}-{len(out)}.csv", interval_ms)
+            if served == "embed":
+                after = {k: triton_metric(metrics, k, "tokenize") for k in before}
+                n = after["nv_inference_request_success"] - before["nv_inference_request_success"]
+                if n > 0:
+                    res["tokenize_compute_us_per_request"] = round((after["nv_inference_compute_infer_duration_us"]
+                                                                    - before["nv_inference_compute_infer_duration_us"]) / n, 1)
+                    res["tokenize_queue_us_per_request"] = round((after["nv_inference_queue_duration_us"]
+                                                                  - before["nv_inference_queue_duration_us"]) / n, 1)
+            out[name] = res
+            print(model, inline, name, json.dumps(res), flush=True)
+    finally:
+        out["server_exit_code"] = srv.stop()
+    out["stages"] = {p.stem.rsplit("_", 1)[0] + f"[{i}]": json.loads(p.read_text())
+                     for i, p in enumerate(sorted(stage_dir.glob("*.json")))}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/host_path")
+    ap.add_argument("--models", default="bge-m3,pplx-embed")
+    ap.add_argument("--inline", default="", help="per model: MODEL=true,false;MODEL2=true (default: true)")
+    ap.add_argument("--interval-ms", type=int, default=3000)
+    ap.add_argument("--work", default="/tmp/rose-host-path")
+    args = ap.parse_args(argv)
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    modes = {m: v.split(",") for m, v in (kv.split("=", 1) for kv in filter(None, args.inline.split(";")))}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"command": " ".join(sys.argv), "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "host": platform.node(), "machine": _gpu_name(), "runs": {}}
+    for model in args.models.split(","):
+        folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if _gpu_name() else "cpu")
+        for inline in modes.get(model, ["true"]):
+            try:
+                result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms)
+            except Exception as e:
+                result["runs"][f"{model}/inline={inline}"] = {"error": f"{type(e).__name__}: {e}"}
+            (out / "host_path.json").write_text(json.dumps(result, indent=1))
+    for key, run in result["runs"].items():
+        print(key, json.dumps(run.get("stages", run))[:2000], flush=True)
+    return 0
+
+
+def _gpu_name() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    except ImportError:
+        return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The asyncio twin of EmbeddingClient."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from rose_client.client import EmbeddingClient
+from rose_client.dispatch import Job
+
+
+class AsyncEmbeddingClient:
+    """The asyncio twin of EmbeddingClient (same arguments, same chunking, balancing and failover).
+
+    >>> async with AsyncEmbeddingClient("127.0.0.1:8001") as client:
+    ...     emb = await client.embed(["hello"])
+    """
+
+    def __init__(self, urls: str | list[str], **kwargs):
+        self.sync = EmbeddingClient(urls, **kwargs)
+        self.urls = self.sync.urls
+
+    async def embed(self, texts: list[str], task: str | None = None) -> np.ndarray:
+        return await self._run(self.sync.model, self.sync._text_chunks(texts, task), len(texts))
+
+    async def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
+        return await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists))
+
+    def stats(self):
+        return self.sync.stats()
+
+    async def _run(self, model, chunks, n) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake():
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:          # the loop is closed: nobody is waiting any more
+                pass
+
+        job = Job(self.sync, model, chunks, n, wake)
+        try:
+            while True:
+                event.clear()
+                wait = job.step()
+                if wait is None:
+                    return job.output()
+                try:
+                    await asyncio.wait_for(event.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            job.finish()
+
+    async def close(self):
+        await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

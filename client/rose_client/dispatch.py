@@ -1,0 +1,174 @@
+"""One call's chunks in flight over the replicas of an EmbeddingClient: what a chunk is, one attempt
+of it on one replica, and the Job that places, times out, retries and collects them (client.py
+explains the policy). Job.step() does the work; the sync and the asyncio client only wait.
+"""
+from __future__ import annotations
+
+import queue
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rose_client.transport import ServerError, StreamConnection
+
+
+class AllReplicasDown(ConnectionError):
+    """Every replica failed `retries` times in a row while a call still had chunks to place."""
+
+
+@dataclass
+class Chunk:
+    start: int                        # input positions [start, end)
+    end: int
+    tokens: int
+    inputs: list
+    attempts: int = 0
+    not_before: float = 0.0
+    result: np.ndarray | None = None
+    failed_on: set = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Attempt:
+    chunk: Chunk
+    replica: _Replica
+    conn: StreamConnection
+    deadline: float
+    released: bool = False            # its tokens no longer count against the replica
+    abandoned: bool = False           # timed out: a late answer is ignored
+    fut: Future | None = None
+
+
+class Job:
+    """One call's chunks in flight. `step()` does all the work and returns how long to wait for the
+    next event (None: finished); the sync and the asyncio client only differ in how they wait."""
+
+    def __init__(self, client, model: str, chunks: list[Chunk], n: int, wake):
+        self.client, self.model, self.n, self.wake = client, model, n, wake
+        self.todo: list[Chunk] = list(chunks)           # waiting to be sent, in input order
+        self.chunks = chunks
+        self.inflight: set[Attempt] = set()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.remaining = len(chunks)
+        self.deadline = time.monotonic() + client.timeout
+        with client._lock:
+            if client._closed:
+                raise RuntimeError("the client is closed")
+            client._waiters.add(wake)
+
+    def step(self) -> float | None:
+        c = self.client
+        while True:                                      # 1. answers that came in
+            try:
+                att = self.done.get_nowait()
+            except queue.Empty:
+                break
+            self._handle(att)
+        if self.remaining == 0:
+            return None
+        now = time.monotonic()
+        if now > self.deadline:
+            raise TimeoutError(f"embedding call timed out after {c.timeout:.0f} s with {self.remaining} of "
+                               f"{len(self.chunks)} chunks unanswered ({self._replica_summary()})")
+        to_close = []
+        with c._lock:                                    # 2. attempts past their deadline
+            for att in [a for a in self.inflight if now > a.deadline]:
+                to_close.append(self._abandon(att, f"chunk timed out after {c.chunk_timeout:g} s"))
+            sent = []
+            for chunk in list(self.todo):                # 3. place what can go, in input order
+                if chunk.not_before > now:
+                    continue
+                r = c._pick(chunk, now)
+                if r is None:
+                    break
+                conn = r.connection()
+                att = Attempt(chunk, r, conn, now + c.chunk_timeout)
+                r.inflight_tokens += chunk.tokens
+                chunk.attempts += 1
+                self.todo.remove(chunk)
+                self.inflight.add(att)
+                sent.append(att)
+            if self.todo and all(r.failures >= c.retries for r in c._replicas):
+                raise AllReplicasDown(f"all {len(c._replicas)} replicas are down: {self._replica_summary()}")
+            wakes = [a.deadline for a in self.inflight] + [ch.not_before for ch in self.todo if ch.not_before > now]
+            if self.todo:
+                wakes += [r.down_until for r in c._replicas if r.down_until > now]
+        for conn in to_close:                            # outside the lock: pending chunks fail over
+            if conn is not None:
+                conn.close(wait=False)
+        for att in sent:                                 # outside the lock: callbacks may run inline
+            att.fut = att.conn.infer(self.model, att.chunk.inputs)
+            att.fut.add_done_callback(lambda f, a=att: c._on_done(a, self, f))
+        if sent:
+            return 0.0                                   # look at the queue again right away
+        return max(0.0, min(wakes + [self.deadline]) - time.monotonic()) + 1e-3
+
+    def _handle(self, att: Attempt) -> None:
+        c = self.client
+        self.inflight.discard(att)
+        if att.abandoned or att.chunk.result is not None:
+            return                                        # a late answer of an abandoned attempt
+        chunk, r = att.chunk, att.replica
+        exc = att.fut.exception()
+        if exc is None:
+            out = att.fut.result()["EMBEDDINGS"]
+            rows = chunk.end - chunk.start
+            if out.ndim != 2 or out.shape[0] != rows:
+                raise ServerError(f"{r.url}: answered {out.shape} for a chunk of {rows} inputs")
+            chunk.result = out
+            self.remaining -= 1
+            with c._lock:
+                r.failures = 0
+                r.tokens_done += chunk.tokens
+                r.chunks_done += 1
+            return
+        if isinstance(exc, ServerError) and not exc.retryable:
+            raise ServerError(f"{exc} (inputs {chunk.start}..{chunk.end - 1} of this call)") from exc
+        broken = None
+        with c._lock:
+            if isinstance(exc, ServerError):              # overloaded: back off, try again (anywhere)
+                r.last_error = str(exc)
+                chunk.not_before = time.monotonic() + min(c.backoff * 2 ** min(chunk.attempts, 10), c.max_backoff)
+            else:                                         # ConnectionLost and anything else: replica failed
+                broken = c._replica_failed(r, att.conn, str(exc))
+                chunk.failed_on.add(r.url)
+            self._requeue(chunk)
+        if broken is not None:
+            broken.close(wait=False)
+
+    def _abandon(self, att: Attempt, why: str) -> StreamConnection | None:
+        """Caller holds the lock. Give up on an attempt; its chunk goes back to the queue.
+        Returns the replica's connection to close (see _replica_failed)."""
+        c = self.client
+        att.abandoned = True
+        self.inflight.discard(att)
+        if not att.released:
+            att.released = True
+            att.replica.inflight_tokens -= att.chunk.tokens
+        att.chunk.failed_on.add(att.replica.url)
+        self._requeue(att.chunk)
+        return c._replica_failed(att.replica, att.conn, f"{att.replica.url}: {why}")
+
+    def _requeue(self, chunk: Chunk) -> None:
+        self.todo.append(chunk)
+        self.todo.sort(key=lambda ch: ch.start)
+
+    def _replica_summary(self) -> str:
+        now = time.monotonic()
+        return "; ".join(f"{r.url} ({'down: ' + r.last_error if r.down_until > now or r.failures else 'up'})"
+                         for r in self.client._replicas)
+
+    def output(self) -> np.ndarray:
+        parts = [ch.result for ch in self.chunks]
+        dims = {p.shape[1] for p in parts}
+        if len(dims) > 1:
+            raise ServerError(f"replicas answered with different embedding sizes {sorted(dims)}: "
+                              f"are they serving the same model? ({', '.join(self.client.urls)})")
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def finish(self) -> None:
+        with self.client._lock:
+            self.client._waiters.discard(self.wake)

@@ -1,0 +1,49 @@
+"""How the service answers a request other than with its embeddings, and the service's counters.
+
+Failure handling (the service keeps serving through all of these):
+    overload      submit() raises Overloaded once `max_queued_tokens` are waiting (answer at once,
+                  "retry later"; nothing queues without bound)
+    cancellation  requests that waited in the pool are asked whether their caller is gone; a
+                  cancelled request leaves the pool, its remaining sequences are never computed
+                  and it gets its one FINAL response (an error) like every other request
+    out of memory a batch whose forward pass runs out of memory is split in halves and retried,
+                  down to single sequences; a single sequence that still fails gets an error
+    other errors  the batch's requests get an error response
+    shutdown      stop(timeout) finishes what was admitted; whatever is left when the time is up
+                  gets an explicit "shutting down" error, so no request is left unanswered
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Unavailable(RuntimeError):
+    """The service cannot take this request now; the caller should retry later (or elsewhere)."""
+
+
+class Overloaded(Unavailable):
+    """The pool holds more queued tokens than allowed; the caller should retry later."""
+
+
+class ShuttingDown(Unavailable):
+    """The service is stopping and takes no new requests."""
+
+
+CANCELLED = "the request was cancelled"
+SHUTTING_DOWN = "the server is shutting down; retry later (on another server)"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or a RuntimeError saying so (other allocators, older torch)."""
+    return type(e).__name__ == "OutOfMemoryError" or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
+
+
+@dataclass(slots=True)
+class ServiceStats:
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    batches: int = 0
+    batch_tokens: int = 0
+    oom_splits: int = 0             # batches that ran out of memory and were split and retried

@@ -1,0 +1,208 @@
+"""The config.pbtxt parameters of the served models, parsed once into checked settings objects.
+
+    settings = RoseSettings.from_model_config(args["model_config"])      # in initialize()
+    settings.max_batch_tokens                                            # 16384 unless config.pbtxt says
+
+Each dataclass below is the one place a model's parameters, their types and their defaults are
+written down; model_repository/*/config.pbtxt spells the same defaults (tests/test_settings.py
+checks both and this docstring's defaults). A parameter the class does not know, a value of the
+wrong type or out of range is refused at start-up with an error naming the model and the
+parameter. An empty string_value means "the default".
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from rose_backend.serving.warmup import parse_precapture
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
+
+class _Settings:
+    MODEL = "?"
+    MINIMUM: dict[str, int] = {}
+
+    @classmethod
+    def from_model_config(cls, model_config: str | dict):
+        """Parse Triton's model configuration (the JSON initialize() gets, or its dict)."""
+        cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
+        values = {k: v.get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
+        return cls.from_values(values)
+
+    @classmethod
+    def from_values(cls, values: dict[str, str]):
+        """From {parameter: string value}; empty values keep the default."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"model {cls.MODEL!r}: unknown parameter(s) {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(fields)} ({cls.__module__}.{cls.__name__})")
+        kwargs = {}
+        for name, raw in values.items():
+            raw = raw.strip()
+            if raw:
+                kwargs[name] = cls._convert(name, raw, fields[name].default)
+        return cls(**kwargs)
+
+    @classmethod
+    def _convert(cls, name: str, raw: str, default):
+        if isinstance(default, bool):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"model {cls.MODEL!r}: parameter {name!r} must be true or false, got {raw!r}")
+        if isinstance(default, int):
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"model {cls.MODEL!r}: parameter {name!r} must be an integer, got {raw!r}") from None
+        return raw
+
+    def _check(self) -> None:
+        for name, minimum in self.MINIMUM.items():
+            value = getattr(self, name)
+            if value < minimum:
+                raise ValueError(f"model {self.MODEL!r}: parameter {name!r} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class RoseSettings(_Settings):
+    """Parameters of `rose` (token ids -> embeddings), all optional:
+
+    model_dir            Hugging Face folder (default "": $ROSE_MODEL_DIR, else the default model)
+    device               auto | cpu | cuda (default auto: the instance kind Triton assigns)
+    dtype                float32 | bfloat16 | float16 (default "": bfloat16 on GPU, float32 on CPU)
+    attention            attention backend name (default "": the engine's choice per configuration)
+    max_batch_tokens     token budget of one forward pass (default 16384)
+    max_batch_seqs       sequence cap of one forward pass (default 64)
+    max_inflight         batches launched but not yet collected (default 2)
+    precapture           "seqs:tokens,..." configurations warmed up in initialize() (kernels compiled,
+                         CUDA graphs captured) before the model reports READY, or "none"; fitted to
+                         the model's positions and the batch limits; other configurations are
+                         captured lazily on their second sight (default "": on a GPU
+                         warmup.DEFAULT_GPU_PRECAPTURE, single sequences of 64..512 tokens and
+                         batches up to 16384 tokens; on the CPU one tiny batch)
+    cuda_graphs          auto | on | off: off runs every batch eagerly (default auto: on for CUDA)
+    gpu_memory_headroom_mb  after warm-up, cap this process's CUDA memory at what it holds plus this
+                         many MiB, so bigger batches run out of memory and are split and retried: a
+                         knob to force out-of-memory in tests and soaks, 0 = no cap (default 0)
+    max_queued_tokens    tokens waiting in the pool before new requests are refused as
+                         overloaded, 0 = unbounded (default 1048576)
+    max_request_seqs     sequences per request (default 4096)
+    max_request_tokens   tokens per request (default 1048576)
+    drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
+                         left gets a "shutting down" error (default 20)
+    inline_execute       auto | true | false: a request arriving while nothing is queued or running is
+                         run inside execute() itself, with no hand-over to the scheduler thread
+                         (default auto: on for a CUDA device; on the CPU the forward pass run on the
+                         stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
+                         contending, so auto leaves it off there)
+    """
+    MODEL = "rose"
+    MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "max_queued_tokens": 0,
+               "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
+               "gpu_memory_headroom_mb": 0}
+
+    model_dir: str = ""
+    device: str = "auto"
+    dtype: str = ""
+    attention: str = ""
+    max_batch_tokens: int = 16384
+    max_batch_seqs: int = 64
+    max_inflight: int = 2
+    precapture: str = ""
+    max_queued_tokens: int = 1 << 20
+    max_request_seqs: int = 4096
+    max_request_tokens: int = 1 << 20
+    drain_timeout_s: int = 20
+    inline_execute: str = "auto"
+    cuda_graphs: str = "auto"
+    gpu_memory_headroom_mb: int = 0
+
+    def __post_init__(self):
+        self._check()
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"model 'rose': parameter 'device' must be auto, cpu or cuda, got {self.device!r}")
+        if self.inline_execute not in ("auto", "true", "false"):
+            raise ValueError(f"model 'rose': parameter 'inline_execute' must be auto, true or false, "
+                             f"got {self.inline_execute!r}")
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"model 'rose': parameter 'cuda_graphs' must be auto, on or off, got {self.cuda_graphs!r}")
+        if self.dtype and self.dtype not in DTYPES:
+            raise ValueError(f"model 'rose': parameter 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        self.precapture_configs       # parses, or says what is wrong
+
+    @property
+    def torch_dtype_name(self) -> str | None:
+        """"float32" / "bfloat16" / "float16", or None for the engine's default."""
+        return DTYPES[self.dtype] if self.dtype else None
+
+    @property
+    def precapture_configs(self) -> list[tuple[int, int]]:
+        """`precapture` as [(seqs, tokens), ...] ([] for "" and "none"; see warmup.precapture_plan)."""
+        return parse_precapture(self.precapture)
+
+    @property
+    def graphs(self) -> bool | None:
+        """`cuda_graphs` for the Engine: None (its default), True or False."""
+        return None if self.cuda_graphs == "auto" else self.cuda_graphs == "on"
+
+
+@dataclass(frozen=True)
+class TokenizeSettings(_Settings):
+    """Parameters of `tokenize` (texts -> token ids), all optional:
+
+    model_dir            Hugging Face folder (default "": $ROSE_MODEL_DIR, else the default model)
+    prompts              JSON {"name": "prefix"}, added to (or overriding) the prompts of the folder's
+                         config_sentence_transformers.json (default "": the folder's own)
+    fallback_prompts     JSON {"name": "prefix"} for prompt names the folder does not define itself
+                         (default {"query": "", "passage": ""}: task="query" / "passage" run on
+                         every model; a model without prompts, such as the default all-MiniLM-L6-v2,
+                         which is symmetric, embeds the text as it is; a model with its own prompts,
+                         such as Qwen3-Embedding's query instruction, keeps them)
+    default_prompt_name  prompt used when a request names none (default "": the folder's, else none)
+    max_seq_length       tokens kept per text, 0 = the model's (default 0)
+    max_text_bytes       texts are cut to this many bytes before tokenizing, so a huge string costs
+                         no more than a long one (default 65536)
+    max_request_texts    texts per request; more is refused with an error naming the limit (default 4096)
+    """
+    MODEL = "tokenize"
+    MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1}
+
+    model_dir: str = ""
+    prompts: str = ""
+    fallback_prompts: str = '{"query": "", "passage": ""}'
+    default_prompt_name: str = ""
+    max_seq_length: int = 0
+    max_text_bytes: int = 65536
+    max_request_texts: int = 4096
+
+    def __post_init__(self):
+        self._check()
+        self.prompt_map               # parse, or say what is wrong
+        self.fallback_prompt_map
+
+    @property
+    def prompt_map(self) -> dict[str, str]:
+        return parse_prompts(self.prompts)
+
+    @property
+    def fallback_prompt_map(self) -> dict[str, str]:
+        return parse_prompts(self.fallback_prompts, "fallback_prompts")
+
+
+def parse_prompts(value: str, name: str = "prompts") -> dict[str, str]:
+    """Deployment prompts from a config.pbtxt parameter: a JSON object {name: prefix}."""
+    if not value.strip():
+        return {}
+    try:
+        prompts = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"parameter {name!r} must be a JSON object of name -> prefix: {e}") from e
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise ValueError(f"parameter {name!r} must be a JSON object mapping prompt names to prefix strings")
+    return prompts

@@ -1,0 +1,174 @@
+"""Random-weight Hugging Face model folders: the benchmark shapes and the small test shapes.
+
+    folder = make_folder("bge-m3", "/tmp/rose-bench/bge-m3", device="cuda")
+    folder = make_folder("tiny-bert", tmp_path / "m", pooling="cls", normalize=False)
+    Reference(folder).embed([[5, 6, 7], ...])  # np.float32 [n, D]: HF transformers (reference.py)
+
+A folder holds config.json, model.safetensors (random weights, rounded to bf16 once so the bf16
+servers and the float32 reference hold the same numbers; norm weights away from 1 and biases away
+from 0, so that they are tested too), a WordLevel tokenizer.json over the whole vocabulary (text
+"w123 w456" is ids [123, 456], one word one token, no special tokens added), its
+tokenizer_config.json, and the sentence-transformers files that say pooling and normalization
+(write_st_files, shared with qwen3.py). Weights are made on `device` (nothing large travels), so a
+0.6B folder takes seconds. torch and transformers are imported inside the functions.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")     # ids 0..3; words w4 .. w{vocab-1} follow
+FIRST_WORD_ID = len(SPECIAL_TOKENS)
+
+# name -> (config.json, pooling, normalize, sentence-transformers max_seq_length)
+SHAPES: dict[str, tuple[dict, str, bool, int]] = {
+    # BGE-M3: XLM-RoBERTa large, CLS pooling, normalized.
+    "bge-m3": (dict(model_type="xlm-roberta", architectures=["XLMRobertaModel"], vocab_size=250002,
+                    hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                    max_position_embeddings=8194, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+                    bos_token_id=0, eos_token_id=2, hidden_act="gelu"), "cls", True, 8192),
+    # pplx-embed-1-0.6b: Qwen3 0.6B shape, bidirectional attention, mean pooling.
+    "pplx-embed": (dict(model_type="qwen3", architectures=["Qwen3Model"], vocab_size=151669, hidden_size=1024,
+                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                        intermediate_size=3072, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                        hidden_act="silu", rope_theta=1_000_000.0, attention_bias=False,
+                        tie_word_embeddings=True, use_sliding_window=False, use_bidirectional_attention=True,
+                        pad_token_id=1, bos_token_id=0, eos_token_id=2, use_cache=False), "mean", False, 32768),
+    # Tiny shapes for the CPU test of the tool itself (not benchmarks).
+    "tiny-bert": (dict(model_type="bert", architectures=["BertModel"], vocab_size=1000, hidden_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                       max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=1,
+                       hidden_act="gelu"), "mean", True, 512),
+    "tiny-xlm-roberta": (dict(model_type="xlm-roberta", architectures=["XLMRobertaModel"], vocab_size=1000,
+                              hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                              max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+                              hidden_act="gelu"), "cls", True, 512),
+    "tiny-qwen3": (dict(model_type="qwen3", architectures=["Qwen3Model"], vocab_size=1000, hidden_size=64,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        intermediate_size=96, max_position_embeddings=512, rms_norm_eps=1e-6, hidden_act="silu",
+                        rope_theta=1_000_000.0, attention_bias=False, tie_word_embeddings=True,
+                        use_sliding_window=False, use_bidirectional_attention=True, pad_token_id=1,
+                        bos_token_id=0, eos_token_id=2, use_cache=False), "mean", False, 512),
+}
+ALIASES = {"bge": "bge-m3", "pplx": "pplx-embed", "pplx-embed-1-0.6b": "pplx-embed", "qwen3": "pplx-embed"}
+
+
+def shape_name(name: str) -> str:
+    name = ALIASES.get(name, name)
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; known: {', '.join(SHAPES)}")
+    return name
+
+
+def max_seq_len(config: dict) -> int:
+    """Longest sequence the folder accepts (XLM-R numbers positions from pad_token_id + 1)."""
+    offset = config.get("pad_token_id", 1) + 1 if config["model_type"] in ("xlm-roberta", "roberta") else 0
+    return config["max_position_embeddings"] - offset
+
+
+def make_folder(name: str, path: str | Path, device: str = "cpu", seed: int = 0, *, pooling: str | None = None,
+                normalize: bool | None = None, **config) -> Path:
+    """Write a random-weight folder of shape `name` (see SHAPES; `config` overrides config.json
+    keys, e.g. num_hidden_layers=2) unless one is already there."""
+    name = shape_name(name)
+    path = Path(path)
+    base, base_pooling, base_normalize, max_len = SHAPES[name]
+    config = {**base, **config}
+    if (path / "model.safetensors").exists() and (path / "config.json").exists():
+        return path
+    write_weights(path, config, device, seed)
+    write_tokenizer(path, config["vocab_size"], min(max_len, max_seq_len(config)))
+    write_st_files(path, config["hidden_size"], base_pooling if pooling is None else pooling,
+                   base_normalize if normalize is None else normalize, min(max_len, max_seq_len(config)))
+    return path
+
+
+def write_weights(path: Path, config: dict, device: str = "cpu", seed: int = 0) -> None:
+    """config.json and model.safetensors: transformers' random init (seed), norm weights ~ N(1, 0.1)
+    and biases ~ N(0, 0.1), every tensor rounded to bf16."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = _hf_model(config, device)
+    with torch.no_grad():
+        gen = torch.Generator(device=device).manual_seed(seed)
+        for pname, p in model.named_parameters():
+            if pname.endswith(("norm.weight", "LayerNorm.weight")):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=device))
+            elif pname.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen, device=device))
+    state = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in model.state_dict().items()
+             if not k.endswith(("position_ids", "token_type_ids"))}
+    del model
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=2))
+
+
+def write_st_files(path: Path, hidden: int, pooling: str, normalize: bool, max_len: int,
+                   prompts: dict | None = None) -> None:
+    """The sentence-transformers files: modules.json (Transformer, Pooling[, Normalize]), the pooling
+    config, sentence_bert_config.json (max_seq_length) and config_sentence_transformers.json (prompts)."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules, indent=2))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": pooling == "lasttoken", "include_prompt": True}, indent=2))
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_len, "do_lower_case": False}))
+    (path / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": prompts or {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
+
+
+def _hf_model(config: dict, device: str):
+    import torch
+    from transformers import AutoConfig, AutoModel, Qwen3Model
+
+    with torch.device(device):
+        if config["model_type"] in ("qwen3", "bidirectional_pplx_qwen3"):
+            return Qwen3Model(hf_qwen3_config(config)).eval()
+        kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+        hf_config = AutoConfig.for_model(config["model_type"], **kwargs)
+        return AutoModel.from_config(hf_config, add_pooling_layer=False).eval()
+
+
+def hf_qwen3_config(config: dict):
+    """transformers' Qwen3Config for a Qwen3-family config.json (pplx's model_type read as qwen3;
+    transformers 5 reads RoPE from rope_parameters)."""
+    from transformers import Qwen3Config
+
+    keep = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "use_bidirectional_attention",
+                                                         "rope_theta", "rope_scaling", "torch_dtype")}
+    return Qwen3Config(**keep, rope_parameters={"rope_type": "default", "rope_theta": config.get("rope_theta", 1e6)})
+
+
+def write_tokenizer(path: Path, vocab_size: int, max_len: int) -> None:
+    """A WordLevel tokenizer over the whole vocabulary: word "w{i}" is token i; no specials added."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(FIRST_WORD_ID, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, "bos_token": "<s>",
+         "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "padding_side": "right"}))
+
+
+def random_ids(rng: np.random.Generator, vocab_size: int, length: int) -> np.ndarray:
+    """Token ids of ordinary words (no special token, so no pad id inside a sequence)."""
+    return rng.integers(FIRST_WORD_ID, vocab_size, size=length, dtype=np.int32)
+
+
+def ids_to_text(ids) -> str:
+    return " ".join(f"w{int(i)}" for i in ids)

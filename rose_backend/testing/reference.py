@@ -1,0 +1,83 @@
+"""The float32 Hugging Face reference of a model folder, for the tests and the benchmarks.
+
+    ref = Reference(folder, device="cpu")
+    ref.embed([[5, 6, 7], [9]])      # np.float32 [2, D]: pooled (and normalized) as the folder says
+    ref.hidden([5, 6, 7])            # torch.float32 [3, H]: the last hidden states of one sequence
+
+transformers in float32 with eager attention, one sequence at a time and unpadded; pooling,
+normalization and the attention mode (causal or bidirectional decoder) come from
+rose_backend.config.ModelConfig, the server's own reading of the folder. Qwen3-family folders
+(qwen3, pplx-embed's bidirectional_pplx_qwen3, Qwen3ForCausalLM weights) are built as
+transformers' Qwen3Model; bidirectional ones run without a mask.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+class Reference:
+    def __init__(self, folder: str | Path, device: str = "cpu"):
+        from rose_backend.config import ModelConfig
+
+        self.folder, self.device = Path(folder), device
+        self.cfg = ModelConfig.from_folder(self.folder)
+        self.model = _load(self.folder, self.cfg).to(device).eval()
+
+    def hidden(self, ids):
+        """Final hidden states [L, H] (float32, on the CPU) of one sequence."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)[None]
+            if self.cfg.is_decoder:
+                # Qwen3Model builds a causal mask; a precomputed mapping of None gives no mask at all
+                mask = None if self.cfg.causal else {"full_attention": None}
+                h = self.model(input_ids=x, attention_mask=mask).last_hidden_state[0]
+            else:
+                h = self.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0]
+        return h.float().cpu()
+
+    def embed(self, token_lists) -> np.ndarray:
+        import torch
+
+        out = []
+        for ids in token_lists:
+            h = self.hidden(ids)
+            e = {"cls": h[0], "mean": h.mean(0), "lasttoken": h[-1]}[self.cfg.pooling]
+            if self.cfg.normalize:
+                e = torch.nn.functional.normalize(e, dim=-1)
+            out.append(e.numpy())
+        return np.stack(out)
+
+    def close(self) -> None:
+        import torch
+
+        del self.model
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
+def _load(folder: Path, cfg):
+    import torch
+    from transformers import AutoModel
+
+    if not cfg.is_decoder:
+        return AutoModel.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager",
+                                         add_pooling_layer=False)
+    from safetensors.torch import load_file
+    from transformers import Qwen3Model
+
+    from rose_backend.testing.folders import hf_qwen3_config
+
+    raw = json.loads((folder / "config.json").read_text())
+    model = Qwen3Model(hf_qwen3_config(raw))
+    model.config._attn_implementation = "eager"
+    state = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        state.update({k.removeprefix("model."): v.float() for k, v in load_file(str(f)).items()
+                      if not k.startswith("lm_head.")})
+    model.load_state_dict(state, strict=True)
+    return model.float()

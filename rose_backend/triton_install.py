@@ -1,0 +1,113 @@
+"""Where tritonserver comes from and what its Python stub needs (used by the launcher).
+
+find_triton(): $TRITONSERVER_BIN, then `tritonserver` on PATH (the NGC image), then the binary bundled
+in the nvidia-pytriton wheel, with the stub for the running Python placed beside libtriton_python.so.
+server_env(): the environment that makes this project importable inside the stub (PYTHONPATH, and
+the interpreter's own libpython first on LD_LIBRARY_PATH); stub_site(): ROSE_STUB_SITE.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class TritonInstall:
+    binary: Path
+    backend_dir: Path | None          # None: the binary's built-in default (NGC image)
+    extra_ld_paths: list[str] = field(default_factory=list)
+
+
+def find_triton() -> TritonInstall:
+    env_bin = os.environ.get("TRITONSERVER_BIN")
+    if env_bin:
+        binary = Path(env_bin)
+        if not binary.exists():
+            raise LaunchError(f"TRITONSERVER_BIN={env_bin} does not exist")
+        backend_dir = os.environ.get("TRITON_BACKEND_DIR")
+        if backend_dir:
+            return TritonInstall(binary, Path(backend_dir))
+        return _pytriton_layout(binary) if (binary.parent.parent / "backends").exists() else TritonInstall(binary, None)
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(Path(on_path), None)
+    # The nvidia-pytriton wheel (installed with --no-deps, only for its bundled server): located,
+    # not imported, since its own Python API needs packages this project does not install.
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise LaunchError("no tritonserver found: set TRITONSERVER_BIN, put tritonserver on PATH (NGC image), "
+                          "or `pip install --no-deps nvidia-pytriton==0.7.0`")
+    pkg = Path(spec.submodule_search_locations[0])
+    return _pytriton_layout(pkg / "tritonserver" / "bin" / "tritonserver")
+
+
+def _pytriton_layout(binary: Path) -> TritonInstall:
+    """The nvidia-pytriton wheel's layout: bin/, backends/python/, python_backend_stubs/X.Y/."""
+    root = binary.parent.parent
+    backend_dir = root / "backends"
+    python_dir = backend_dir / "python"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    target = python_dir / "triton_python_backend_stub"
+    if stub.exists() and (not target.exists() or target.stat().st_size != stub.stat().st_size):
+        try:
+            shutil.copy2(stub, target)
+        except OSError:
+            # read-only install: use a private copy of the backend dir; the stub then finds its
+            # bundled libraries through LD_LIBRARY_PATH instead of its relative rpath
+            private = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / "backends"
+            shutil.copytree(backend_dir, private, dirs_exist_ok=True)
+            shutil.copy2(stub, private / "python" / "triton_python_backend_stub")
+            return TritonInstall(binary, private, [str(libs)])
+    elif not target.exists():
+        raise LaunchError(f"the Triton Python backend has no stub for Python {version} ({stub} is missing)")
+    return TritonInstall(binary, backend_dir, [str(libs)] if libs.exists() else [])
+
+
+def server_env(model_dir: str | None, install: TritonInstall, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    # The stub embeds libpython: load this interpreter's own, not another build of the same version.
+    ld = [sysconfig.get_config_var("LIBDIR") or ""] + install.extra_ld_paths
+    if env.get("LD_LIBRARY_PATH"):
+        ld.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in ld if p)
+    # The stub runs the models with this Python: make the project and this environment importable.
+    # ROSE_STUB_SITE, if set, comes first (see stub_site()).
+    paths = [p for p in [stub_site(env)] if p] + [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
+    paths += [p for p in sys.path if p and ("site-packages" in p or p.endswith("dist-packages"))]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = ":".join(dict.fromkeys(paths))
+    env["ROSE_PYTHONPATH"] = env["PYTHONPATH"]      # the stub ignores PYTHONPATH; model.py reads this
+    if model_dir:
+        env["ROSE_MODEL_DIR"] = str(Path(model_dir).expanduser().resolve())
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "true")
+    return env
+
+
+def stub_site(env: dict | None = None) -> str | None:
+    """$ROSE_STUB_SITE: a folder of packages the backend stub must import before anything else.
+
+    Triton 2.51's Python backend is built with pybind11 2.10, which misreads numpy 2 arrays (every
+    element reads as the first; python_backend#384). Where the interpreter has numpy 2, point this at
+    a folder holding numpy<2 (benchmarks/gpu/add_stub_numpy.sh). The stub imports numpy before any
+    model code runs, from its own sys.path whose first entry is the working directory, so the
+    server is started in this folder.
+    """
+    path = (os.environ if env is None else env).get("ROSE_STUB_SITE", "").strip()
+    if path and not Path(path, "numpy").is_dir():
+        raise LaunchError(f"ROSE_STUB_SITE={path} holds no numpy package")
+    return path or None
