@@ -103,7 +103,7 @@ def test_killing_a_stub_leaves_nothing_behind(small_server, model):
     t0 = time.monotonic()
     small_server.stop()                                  # SIGTERM; the launcher reaps what is left
     assert time.monotonic() - t0 <= DRAIN + 5
-    assert_nothing_left(small_server, 0.0)
+    assert_nothing_left(small_server, 2.0)                # SIGKILLed stubs take a moment to go
 
 
 def rejected_then_cancelled(url: str) -> None:
