@@ -8,9 +8,14 @@ import torch
 from safetensors import safe_open
 
 
+# Files beside the encoder's weights that are not part of it: BGE-M3's heads (models/m3_heads.py).
+HEAD_FILES = ("sparse_linear", "colbert_linear")
+
+
 def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of every *.safetensors file in the folder."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    """Yield (name, tensor) for every tensor of every *.safetensors file in the folder
+    (the encoder's; head files such as sparse_linear.safetensors are skipped)."""
+    files = sorted(p for p in Path(model_dir).glob("*.safetensors") if p.stem not in HEAD_FILES)
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {model_dir}")
     for path in files:

@@ -76,7 +76,7 @@ class FakeCluster:
             def __init__(self):
                 self.url, self.broken, self.pending = url, None, []
 
-            def infer(self, model, inputs):
+            def infer(self, model, inputs, outputs=None, parameters=None):
                 fut = Future()
                 if self.broken or url in cluster.dead:
                     self.broken = self.broken or ConnectionLost(f"{url}: connection refused")
@@ -182,7 +182,7 @@ def test_bad_input_is_not_retried_and_names_its_positions():
         def __init__(self, url):
             self.url, self.broken, self.calls = url, None, 0
 
-        def infer(self, model, inputs):
+        def infer(self, model, inputs, outputs=None, parameters=None):
             fut = Future()
             lens = dict(inputs)["SEQ_LENS"]
             if 700 in dict(inputs)["INPUT_IDS"]:

@@ -35,17 +35,40 @@ class Gate:
         return self.engine.step(batch)
 
 
-def test_idle_request_runs_on_the_submitting_thread(engine):
+def test_idle_request_is_launched_by_the_submitting_thread_and_answered_by_the_loop(engine):
+    gate = Gate(engine)
+    gate.open.set()
     done, where = [], []
-    svc = EmbeddingService(engine, lambda r: (done.append(r), where.append(threading.current_thread().name)))
+    svc = EmbeddingService(gate, lambda r: (done.append(r), where.append(threading.current_thread().name)))
     try:
         r = request(0)
         svc.submit(r)
-        assert done == [r] and where == [threading.current_thread().name]      # answered before submit returned
+        assert gate.threads == [threading.current_thread().name]          # launched here, no hand-over
+        assert wait_until(lambda: done == [r], 30) and where == ["rose-scheduler"]
         want = engine.embed([r.input_ids[i * 12:(i + 1) * 12].tolist() for i in range(3)])
         np.testing.assert_allclose(r.output, want, atol=1e-5)
         assert svc.stats.completed == 1 and svc.stats.batches == 1
     finally:
+        svc.stop(5)
+
+
+def test_a_concurrent_load_still_forms_batches(engine):
+    """Requests submitted while an inline launch is in flight are pooled and batched together."""
+    gate = Gate(engine)
+    done = []
+    svc = EmbeddingService(gate, done.append)
+    try:
+        t = threading.Thread(target=svc.submit, args=(request(30),), name="caller-1")
+        t.start()
+        assert gate.entered.wait(10)
+        for i in range(6):
+            svc.submit(request(31 + i, n=1))
+        gate.open.set()
+        t.join(30)
+        assert wait_until(lambda: len(done) == 7, 30)
+        assert svc.stats.batches < 7                      # the six pooled requests shared batches
+    finally:
+        gate.open.set()
         svc.stop(5)
 
 

@@ -3,11 +3,13 @@
     from rose_client import EmbeddingClient
     client = EmbeddingClient("127.0.0.1:8001,127.0.0.1:8011")
     emb = client.embed(["hello world"], task="query")     # float32 [1, D]
+    r = client.encode(["hello world"], sparse=True, colbert=True)   # BGE-M3: r.dense, r.sparse, r.colbert
 """
 from rose_client.async_client import AsyncEmbeddingClient
 from rose_client.client import EmbeddingClient
 from rose_client.dispatch import AllReplicasDown
+from rose_client.encoded import Encoded
 from rose_client.transport import ConnectionLost, ServerError, StreamConnection
 
-__all__ = ["EmbeddingClient", "AsyncEmbeddingClient", "AllReplicasDown", "StreamConnection", "ServerError",
+__all__ = ["EmbeddingClient", "AsyncEmbeddingClient", "Encoded", "AllReplicasDown", "StreamConnection", "ServerError",
            "ConnectionLost"]

@@ -7,6 +7,7 @@ import numpy as np
 
 from rose_client.client import EmbeddingClient
 from rose_client.dispatch import Job
+from rose_client.encoded import Ask, Encoded
 
 
 class AsyncEmbeddingClient:
@@ -20,16 +21,24 @@ class AsyncEmbeddingClient:
         self.sync = EmbeddingClient(urls, **kwargs)
         self.urls = self.sync.urls
 
-    async def embed(self, texts: list[str], task: str | None = None) -> np.ndarray:
-        return await self._run(self.sync.model, self.sync._text_chunks(texts, task), len(texts))
+    async def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
+                    encoding: str = "float32") -> np.ndarray:
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return (await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)).dense
+
+    async def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
+                     dimensions: int | None = None, encoding: str = "float32", task: str | None = None) -> Encoded:
+        ask = Ask(dense, sparse, colbert, dimensions, encoding)
+        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)
 
     async def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
-        return await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists))
+        return (await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists),
+                                Ask())).dense
 
     def stats(self):
         return self.sync.stats()
 
-    async def _run(self, model, chunks, n) -> np.ndarray:
+    async def _run(self, model, chunks, n, ask: Ask) -> Encoded:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -39,7 +48,7 @@ class AsyncEmbeddingClient:
             except RuntimeError:          # the loop is closed: nobody is waiting any more
                 pass
 
-        job = Job(self.sync, model, chunks, n, wake)
+        job = Job(self.sync, model, chunks, n, wake, ask)
         try:
             while True:
                 event.clear()

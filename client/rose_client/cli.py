@@ -3,10 +3,13 @@
     rose-embed texts.txt out.npy --url 127.0.0.1:8001,127.0.0.1:8011
     rose-embed docs.jsonl out.parquet --field body --task passage
     rose-embed docs.parquet out.npy --field text --resume        # continue an interrupted run
+    rose-embed docs.jsonl m3.parquet --sparse --colbert          # BGE-M3: + lexical weights, ColBERT
 
 Input: .txt (one text a line, every line), .jsonl (one JSON object a line, the text in --field;
 blank lines skipped), .parquet (column --field). Output: .npy (float32 [n, D]) or .parquet
 (columns `row` int64 and `embedding` fixed-size list of float32), rows in input order.
+--sparse / --colbert (BGE-M3's heads; .parquet output only) add the columns `sparse_ids`,
+`sparse_weights` and `colbert` (rose_client/tables.py); --dense-off leaves the embedding out.
 
 The work is cut into blocks of --block rows. Each finished block is written to
 OUTPUT.partial/part-NNNNNN.npy (atomically: written aside, then renamed) beside a manifest; at the
@@ -29,81 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from rose_client.client import EmbeddingClient
+from rose_client.inputs import INPUTS, CliError, blocks, count_rows, iter_texts
+from rose_client.tables import join_parquet, write_part
 
-INPUTS = (".txt", ".jsonl", ".parquet")
 OUTPUTS = (".npy", ".parquet")
 
 
-class CliError(Exception):
-    pass
-
-
-# ------------------------------------------------------------------------------------ input
-def count_rows(path: Path, field: str) -> int:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-        f = pq.ParquetFile(path)
-        if field not in f.schema_arrow.names:
-            raise CliError(f"{path} has no column {field!r} (columns: {f.schema_arrow.names}); use --field")
-        return f.metadata.num_rows
-    with open(path, "rb") as f:
-        if path.suffix == ".txt":
-            return sum(1 for _ in f)
-        return sum(1 for line in f if line.strip())
-
-
-def iter_texts(path: Path, field: str, start: int):
-    """Texts from row `start` on, with clear errors naming the line / row."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-        row = 0
-        for batch in pq.ParquetFile(path).iter_batches(columns=[field], batch_size=8192):
-            values = batch.column(0).to_pylist()
-            for i in range(max(0, start - row), len(values)):
-                yield _check(values[i], path, f"row {row + i}")
-            row += len(values)
-        return
-    row = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if path.suffix == ".txt":
-                text = line.rstrip("\n").rstrip("\r")
-                if row >= start and not text:
-                    raise CliError(f"{path}:{lineno} is an empty line; every line of a .txt input is a text")
-            else:
-                if not line.strip():
-                    continue
-                if row >= start:
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise CliError(f"{path}:{lineno}: not valid JSON ({e})") from None
-                    if not isinstance(obj, dict) or field not in obj:
-                        raise CliError(f"{path}:{lineno}: no field {field!r}; use --field")
-                    text = obj[field]
-            if row >= start:
-                yield _check(text, path, f"line {lineno}")
-            row += 1
-
-
-def _check(text, path, where):
-    if not isinstance(text, str) or not text:
-        raise CliError(f"{path} {where}: expected a non-empty string, got {text!r}")
-    return text
-
-
-def blocks(it, size: int):
-    block = []
-    for t in it:
-        block.append(t)
-        if len(block) == size:
-            yield block
-            block = []
-    if block:
-        yield block
-
-
-# ------------------------------------------------------------------------------------ output
 def write_atomic(path: Path, data: bytes | np.ndarray) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -158,10 +92,17 @@ def run(args) -> int:
         raise CliError(f"{src} does not exist")
     if ".parquet" in (src.suffix, out.suffix):
         _require_pyarrow()                      # before any work, not after embedding everything
+    rich, ext = _outputs(args)
+    if rich and out.suffix != ".parquet":
+        raise CliError("--sparse / --colbert / --dense-off write a .parquet output")
+    if args.dense_off and not (args.sparse or args.colbert):
+        raise CliError("--dense-off needs --sparse or --colbert")
     partial = out.with_name(out.name + ".partial")
     st = src.stat()
     manifest = {"input": str(src.resolve()), "input_bytes": st.st_size, "input_mtime_ns": st.st_mtime_ns,
-                "field": args.field, "task": args.task, "model": args.model, "block": args.block}
+                "field": args.field, "task": args.task, "model": args.model, "block": args.block,
+                "dimensions": args.dimensions, "sparse": args.sparse, "colbert": args.colbert,
+                "dense": not args.dense_off}
     if args.overwrite:
         shutil.rmtree(partial, ignore_errors=True)
         out.unlink(missing_ok=True)
@@ -182,7 +123,7 @@ def run(args) -> int:
             raise CliError(f"cannot resume: the input or options changed since {partial} was written "
                            f"({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
                            "pass --overwrite to start over")
-        while (partial / f"part-{done_blocks:06d}.npy").exists():
+        while (partial / f"part-{done_blocks:06d}{ext}").exists():
             done_blocks += 1
     else:
         if args.resume:
@@ -214,8 +155,15 @@ def _drop_if_empty(partial: Path, created: bool) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
+def _outputs(args) -> tuple[bool, str]:
+    """(BGE-M3 outputs asked for, the parts' file suffix)."""
+    rich = bool(args.sparse or args.colbert or args.dense_off)
+    return rich, ".parquet" if rich else ".npy"
+
+
 def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_blocks: int) -> int:
     """Embed the blocks from `done_blocks` on into `partial`, then join them into `out`."""
+    rich, ext = _outputs(args)
     n = count_rows(src, args.field)
     if n == 0:
         raise CliError(f"{src} holds no texts")
@@ -238,13 +186,21 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
             def drain_one():
                 nonlocal k, embedded
                 emb = inflight.popleft().result()
-                write_atomic(partial / f"part-{k:06d}.npy", emb.astype(np.float32, copy=False))
+                if rich:
+                    done = write_part(partial / f"part-{k:06d}.parquet", emb, k * args.block)
+                else:
+                    write_atomic(partial / f"part-{k:06d}.npy", emb.astype(np.float32, copy=False))
+                    done = len(emb)
                 k += 1
-                embedded += len(emb)
-                bar.update(len(emb))
+                embedded += done
+                bar.update(done)
 
             for block in blocks(iter_texts(src, args.field, start), args.block):
-                inflight.append(pool.submit(client.embed, block, args.task))
+                if rich:
+                    inflight.append(pool.submit(client.encode, block, dense=not args.dense_off, sparse=args.sparse,
+                                                colbert=args.colbert, dimensions=args.dimensions, task=args.task))
+                else:
+                    inflight.append(pool.submit(client.embed, block, args.task, dimensions=args.dimensions))
                 if len(inflight) >= args.concurrency:
                     drain_one()
             while inflight:
@@ -260,8 +216,14 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
     finally:
         client.close()
     bar.close()
-    parts = sorted(partial.glob("part-*.npy"))
-    dim = assemble(parts, out, n)
+    parts = sorted(partial.glob(f"part-*{ext}"))
+    if rich:
+        if join_parquet(parts, out) != n:
+            raise CliError(f"internal error: parts do not hold the input's {n} rows")
+        dim = "+".join(k for k, on in (("dense", not args.dense_off), ("sparse", args.sparse),
+                                       ("colbert", args.colbert)) if on)
+    else:
+        dim = assemble(parts, out, n)
     shutil.rmtree(partial)
     dt = time.monotonic() - t0
     print(f"rose-embed: {n} embeddings ({dim}-dim) in {out}; {embedded} embedded in this run in {dt:.1f} s "
@@ -299,6 +261,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=4, help="blocks in flight at once (default 4)")
     p.add_argument("--token-budget", type=int, default=2048, help="tokens per chunk sent to a replica (default 2048)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per block (default 600)")
+    p.add_argument("--dimensions", type=int, default=None, help="keep the first d dimensions (Matryoshka)")
+    p.add_argument("--sparse", action="store_true", help="also write BGE-M3's lexical weights (.parquet)")
+    p.add_argument("--colbert", action="store_true", help="also write BGE-M3's ColBERT vectors (.parquet)")
+    p.add_argument("--dense-off", action="store_true", help="leave the dense embedding out (with --sparse/--colbert)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from OUTPUT.partial")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT and any partial run")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -17,6 +17,7 @@ replica, and its rows are written once, by the first attempt that succeeds.
 
     >>> client = EmbeddingClient("127.0.0.1:8001,127.0.0.1:8011", tokenizer="path/to/model")
     >>> client.embed(["what is rose?"], task="query").shape      # (1, 384)
+    >>> r = client.encode(texts, sparse=True, colbert=True)       # BGE-M3: r.dense, r.sparse, r.colbert
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from rose_client.chunking import TextTokenCounter, chunk_ranges, estimate_text_tokens
 from rose_client.dispatch import AllReplicasDown, Attempt, Chunk, Job  # noqa: F401 (AllReplicasDown: raised from here)
+from rose_client.encoded import Ask, Encoded
 from rose_client.transport import StreamConnection
 
 
@@ -92,13 +94,25 @@ class EmbeddingClient:
             r.connection()
 
     # ----------------------------------------------------------------------------- public API
-    def embed(self, texts: list[str], task: str | None = None) -> np.ndarray:
-        """Embed texts; returns float32 [len(texts), D] in input order."""
-        return self._run_sync(self.model, self._text_chunks(texts, task), len(texts))
+    def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
+              encoding: str = "float32") -> np.ndarray:
+        """Embed texts; returns [len(texts), D] in input order: float32, or what `encoding` says
+        (float16, int8, uint8; binary / ubinary: int8 / uint8 [n, D / 8]). `dimensions`: keep the
+        first d dimensions (Matryoshka; normalized again if the model normalizes)."""
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask).dense
+
+    def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
+               dimensions: int | None = None, encoding: str = "float32", task: str | None = None) -> Encoded:
+        """Dense, sparse and / or ColBERT outputs of texts from one forward pass (BGE-M3's heads):
+        .dense [n, D] (as embed), .sparse a {token id: weight} dict per input, .colbert a float32
+        [tokens - 1, Dc] array per input. Chunked and balanced like embed."""
+        ask = Ask(dense, sparse, colbert, dimensions, encoding)
+        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask)
 
     def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
         """Embed pre-tokenized sequences (with the model's special tokens); float32 [n, D]."""
-        return self._run_sync(self.token_model, self._token_chunks(token_lists), len(token_lists))
+        return self._run_sync(self.token_model, self._token_chunks(token_lists), len(token_lists), Ask()).dense
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Token counts used for chunking: exact with a tokenizer, else the bytes/4 + 2 estimate."""
@@ -130,13 +144,13 @@ class EmbeddingClient:
         self.close()
 
     # ----------------------------------------------------------------------------- chunking
-    def _text_chunks(self, texts, task) -> list[Chunk]:
+    def _text_chunks(self, texts, task, ask: Ask = Ask()) -> list[Chunk]:
         if isinstance(texts, (str, bytes)):
             raise TypeError("embed() takes a list of texts; wrap a single text in a list")
         texts = list(texts)
         sizes = [len(t.encode("utf-8")) if isinstance(t, str) else len(t) for t in texts]
         costs = self.count_tokens(texts)
-        extra = [("TASK", [task])] if task else []
+        extra = ([("TASK", [task])] if task else []) + ask.inputs()
         ranges = chunk_ranges(costs, self.token_budget, self.max_chunk_seqs, sizes, self.max_chunk_bytes) or [(0, 0)]
         return [Chunk(s, e, sum(costs[s:e]), [("TEXT", texts[s:e])] + extra) for s, e in ranges]
 
@@ -150,9 +164,9 @@ class EmbeddingClient:
                        [("INPUT_IDS", flat[offs[s]:offs[e]]), ("SEQ_LENS", lens[s:e])]) for s, e in ranges]
 
     # ----------------------------------------------------------------------------- driving a call
-    def _run_sync(self, model: str, chunks: list[Chunk], n: int) -> np.ndarray:
+    def _run_sync(self, model: str, chunks: list[Chunk], n: int, ask: Ask) -> Encoded:
         event = threading.Event()
-        job = Job(self, model, chunks, n, event.set)
+        job = Job(self, model, chunks, n, event.set, ask)
         try:
             while True:
                 event.clear()

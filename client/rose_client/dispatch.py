@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rose_client.encoded import Ask, Encoded
 from rose_client.transport import ServerError, StreamConnection
 
 
@@ -45,8 +46,8 @@ class Job:
     """One call's chunks in flight. `step()` does all the work and returns how long to wait for the
     next event (None: finished); the sync and the asyncio client only differ in how they wait."""
 
-    def __init__(self, client, model: str, chunks: list[Chunk], n: int, wake):
-        self.client, self.model, self.n, self.wake = client, model, n, wake
+    def __init__(self, client, model: str, chunks: list[Chunk], n: int, wake, ask: Ask = Ask()):
+        self.client, self.model, self.n, self.wake, self.ask = client, model, n, wake, ask
         self.todo: list[Chunk] = list(chunks)           # waiting to be sent, in input order
         self.chunks = chunks
         self.inflight: set[Attempt] = set()
@@ -99,7 +100,7 @@ class Job:
             if conn is not None:
                 conn.close(wait=False)
         for att in sent:                                 # outside the lock: callbacks may run inline
-            att.fut = att.conn.infer(self.model, att.chunk.inputs)
+            att.fut = att.conn.infer(self.model, att.chunk.inputs, self.ask.outputs(), self.ask.parameters())
             att.fut.add_done_callback(lambda f, a=att: c._on_done(a, self, f))
         if sent:
             return 0.0                                   # look at the queue again right away
@@ -113,10 +114,8 @@ class Job:
         chunk, r = att.chunk, att.replica
         exc = att.fut.exception()
         if exc is None:
-            out = att.fut.result()["EMBEDDINGS"]
-            rows = chunk.end - chunk.start
-            if out.ndim != 2 or out.shape[0] != rows:
-                raise ServerError(f"{r.url}: answered {out.shape} for a chunk of {rows} inputs")
+            out = att.fut.result()
+            self.ask.check(out, chunk.end - chunk.start, r.url)
             chunk.result = out
             self.remaining -= 1
             with c._lock:
@@ -160,14 +159,8 @@ class Job:
         return "; ".join(f"{r.url} ({'down: ' + r.last_error if r.down_until > now or r.failures else 'up'})"
                          for r in self.client._replicas)
 
-    def output(self) -> np.ndarray:
-        parts = [ch.result for ch in self.chunks]
-        dims = {p.shape[1] for p in parts}
-        if len(dims) > 1:
-            raise ServerError(f"replicas answered with different embedding sizes {sorted(dims)}: "
-                              f"are they serving the same model? ({', '.join(self.client.urls)})")
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return np.ascontiguousarray(out, dtype=np.float32)
+    def output(self) -> Encoded:
+        return self.ask.assemble([ch.result for ch in self.chunks], self.client.urls)
 
     def finish(self) -> None:
         with self.client._lock:

@@ -22,7 +22,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 _NP_TO_TRITON = {np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32",
                  np.dtype(np.bool_): "BOOL"}
-_TRITON_TO_NP = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16, "BOOL": np.bool_}
+_TRITON_TO_NP = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16, "BOOL": np.bool_,
+                 "INT8": np.int8, "UINT8": np.uint8}
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
@@ -75,11 +76,18 @@ class StreamConnection:
     def outstanding(self) -> int:
         return len(self._pending)
 
-    def infer(self, model: str, inputs: list[tuple[str, object]]) -> Future:
-        """Send one request; `inputs` are (name, np.ndarray) pairs, or (name, list of str) for BYTES."""
+    def infer(self, model: str, inputs: list[tuple[str, object]], outputs: list[str] | None = None,
+              parameters: dict[str, str] | None = None) -> Future:
+        """Send one request; `inputs` are (name, np.ndarray) pairs, or (name, list of str) for BYTES.
+        `outputs`: the output names to return (None: all the model has); `parameters`: string
+        request parameters."""
         fut: Future = Future()
         rid = f"{next(self._ids)}"
         request = service_pb2.ModelInferRequest(model_name=model, id=rid)
+        for name in outputs or ():
+            request.outputs.add().name = name
+        for key, value in (parameters or {}).items():
+            request.parameters[key].string_param = str(value)
         for name, value in inputs:
             t = request.inputs.add()
             t.name = name

@@ -5,11 +5,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+TOKEN_OUTPUTS = ("sparse", "colbert")     # token-level outputs a batch may ask for (BGE-M3's heads)
+
 
 @dataclass(slots=True)
 class PackedBatch:
     input_ids: np.ndarray            # [T] int32, sequences end to end, no padding
     seq_lens: np.ndarray             # [S] int32, each >= 1, summing to T
+    token_outputs: frozenset = frozenset()   # subset of TOKEN_OUTPUTS, computed for every token
 
     def __post_init__(self):
         if self.input_ids.ndim != 1 or self.seq_lens.ndim != 1:
@@ -17,6 +20,8 @@ class PackedBatch:
         if int(self.seq_lens.sum()) != self.input_ids.shape[0]:
             raise ValueError(f"seq_lens sum to {int(self.seq_lens.sum())} but there are "
                              f"{self.input_ids.shape[0]} token ids")
+        if not self.token_outputs <= set(TOKEN_OUTPUTS):
+            raise ValueError(f"unknown token outputs {sorted(self.token_outputs - set(TOKEN_OUTPUTS))}")
 
     @property
     def num_tokens(self) -> int:

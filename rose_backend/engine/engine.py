@@ -5,6 +5,12 @@ batch in pinned memory, one host-to-device copy into static buffers, planning th
 backend (outside any graph), the forward pass (eager, captured, or replayed from a CUDA graph),
 pooling, normalizing, and queueing the copy back into a pinned buffer behind an event.
 On the CPU the same code runs eagerly (graphs off by default) and returns ready handles.
+
+Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a batch whose
+`token_outputs` names them runs the heads on the final hidden states of every token, in the same
+pass (a graph of its own per configuration, keyed apart from the dense-only one, so dense-only
+batches run exactly the graphs they ran before), and its handle carries the results as `extras`
+({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only).
 """
 from __future__ import annotations
 
@@ -20,9 +26,11 @@ from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.graph_cache import GraphCache, Key
 from rose_backend.engine.lazy_tensor import LazyTensor
+from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
 from rose_backend.models import build_model
+from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
 
 log = logging.getLogger(__name__)
@@ -43,30 +51,6 @@ class EngineStats:
     graph_memory_bytes: int = 0      # allocator bytes reserved by graphs and their pool
     capture_seconds: float = 0.0     # host time spent capturing
     startup_seconds: float = 0.0     # Engine() construction, weights and pre-capture included
-
-
-class _Slot:
-    """One entry of the ring of pinned host buffers (inputs staged, outputs returned)."""
-
-    def __init__(self, words: int, out_rows: int, dim: int, pinned: bool):
-        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)   # see Engine._stage
-        self.np = self.staging.numpy()
-        self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
-        self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
-        self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
-        self.lt: LazyTensor | None = None
-
-
-class _Views:
-    """Device views of one configuration (Sb, Tb) into the engine's static input buffer."""
-    __slots__ = ("ids", "pos", "seq", "cu", "inv", "words")
-
-    def __init__(self, buf: torch.Tensor, sb: int, tb: int):
-        o = 3 * tb
-        self.ids, self.pos, self.seq = buf[:tb], buf[tb:2 * tb], buf[2 * tb:o]   # [Tb] int32 each
-        self.cu = buf[o:o + sb + 2]                                              # [Sb + 2] int32
-        self.inv = buf[o + sb + 2:o + 2 * sb + 3].view(torch.float32).unsqueeze(1)  # [Sb + 1, 1] f32
-        self.words = o + 2 * sb + 3
 
 
 class Engine:
@@ -113,6 +97,7 @@ class Engine:
         self.attention = None if attention in (None, "auto") else attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
         self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
+        self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
         self._backends: dict[str, AttentionBackend] = {}
         if self.attention is not None:
             self._backend(self.attention)                     # fail early on a backend that cannot run
@@ -129,12 +114,12 @@ class Engine:
         self.graphs_on = cuda if graphs is None else bool(graphs)
         self.graphs = GraphCache(max_tokens, max_seqs, graph_memory_cap_bytes, enabled=self.graphs_on)
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
-        words = 3 * tb + 2 * sb + 3
+        words = Layout(sb, tb).words
         self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
         self._arange = np.arange(tb, dtype=np.int32)             # positions of a lone sequence
-        self._views: dict[Key, _Views] = {}
+        self._views: dict[Key, DeviceViews] = {}
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
-        self._slots = [_Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
+        self._slots = [Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
         self._next_slot = 0
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
@@ -186,6 +171,10 @@ class Engine:
         if batch.max_seqlen > self.max_len:
             raise ValueError(f"a sequence of {batch.max_seqlen} tokens is longer than this model's "
                              f"{self.max_len} positions; truncate it (the tokenizer's max_seq_length)")
+        want = batch.token_outputs
+        if want and self.heads is None:
+            raise HeadsMissing(f"{', '.join(sorted(want))} output asked for, but the model folder "
+                               f"{self.cfg.model_dir} has no sparse_linear / colbert_linear heads")
         st = self.stats
         st.batches += 1
         st.tokens += t
@@ -195,19 +184,27 @@ class Engine:
         key = self.graphs.key_for(s, t) if self.graphs_on else None
         with torch.inference_mode():
             if key is None:
-                out = self._run_unpadded(batch, slot)
+                out = self._run_unpadded(batch, slot, bool(want))
             else:
-                out = self._run_static(batch, key, slot, marks)
+                out = self._run_static(batch, key, slot, marks, bool(want))
+            extras = {}
+            if want:
+                out, sparse, colbert = out
+                if "sparse" in want:
+                    extras["sparse"] = sparse[:t]                             # [T] f32
+                if "colbert" in want:
+                    extras["colbert"] = colbert[:t]                           # [T, Dc] f32
         if marks is not None:
             marks.append(("launched", time.perf_counter_ns()))
         fits = s <= slot.out.shape[0]
-        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None)
+        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None,
+                               extras=extras)
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))
         return lt
 
-    def _take_slot(self) -> _Slot:
+    def _take_slot(self) -> Slot:
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         if slot.lt is not None and not slot.lt.done:
@@ -216,39 +213,15 @@ class Engine:
             slot.copied.synchronize()           # the staging's last host-to-device copy has run
         return slot
 
-    def _stage(self, batch: PackedBatch, sb: int, tb: int, slot: _Slot) -> int:
-        """Write the padded layout of `batch` for (sb, tb) into slot's pinned staging; return words."""
-        s, t = batch.num_seqs, batch.num_tokens
-        lens = batch.seq_lens.astype(np.int32)
-        a = slot.np
-        a[:t] = batch.input_ids
-        a[t:tb] = self.cfg.pad_token_id
-        if s == 1:                          # one sequence (the online case): no per-token index math
-            a[tb:tb + t] = self._arange[:t]
-            a[2 * tb:2 * tb + t] = 0
-        else:
-            a[tb:tb + t] = batch.positions()
-            a[2 * tb:2 * tb + t] = np.repeat(np.arange(s, dtype=np.int32), lens)
-        a[tb + t:2 * tb] = 0
-        a[2 * tb + t:3 * tb] = sb                                 # padding rows pool into the dummy
-        o = 3 * tb
-        cu = a[o:o + sb + 2]
-        cu[0] = 0
-        np.cumsum(lens, out=cu[1:s + 1])
-        cu[s + 1:sb + 1] = t                                      # empty sequences
-        cu[sb + 1] = tb                                           # the dummy holds the padding
-        inv = a[o + sb + 2:o + 2 * sb + 3].view(np.float32)
-        inv[:s] = 1.0 / lens
-        inv[s:] = 0.0
-        return o + 2 * sb + 3
-
-    def _run_static(self, batch: PackedBatch, key: Key, slot: _Slot, marks: list | None = None) -> torch.Tensor:
+    def _run_static(self, batch: PackedBatch, key: Key, slot: Slot, marks: list | None = None,
+                    heads: bool = False):
         sb, tb = key
+        layout = Layout(sb, tb)
         st = self.stats
         v = self._views.get(key)
         if v is None:
-            v = self._views[key] = _Views(self._static, sb, tb)
-        words = self._stage(batch, sb, tb, slot)
+            v = self._views[key] = DeviceViews(self._static, layout)
+        words = stage(batch, layout, slot.np, self.cfg.pad_token_id, self._arange)
         self._static[:words].copy_(slot.staging[:words], non_blocking=True)
         if marks is not None:
             marks.append(("staged", time.perf_counter_ns()))
@@ -262,11 +235,13 @@ class Engine:
             longest = max(batch.max_seqlen, tb - batch.num_tokens, 1)
             bound = min(bound, max(64, 1 << (longest - 1).bit_length()))
             key = (sb, tb, bound)
+        plan_key = key
+        if heads:
+            key = (*key, "m3")          # the graph with the heads; the attention plan is shared
         self.last_key = key
-        o = 3 * tb
-        cu_host = slot.staging[o:o + sb + 2]
-        lens = np.diff(slot.np[o:o + sb + 2]).tolist()
-        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=key, cu_seqlens_host=cu_host))
+        cu_host = slot.staging[layout.cu]
+        lens = np.diff(slot.np[layout.cu]).tolist()
+        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if self.device.type == "cuda":
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()
@@ -280,10 +255,10 @@ class Engine:
         if action == "eager":
             st.eager_runs += 1
             st.capture_refused = self.graphs.refused
-            return self._forward(v)
+            return self._forward(v, heads)
         if action == "capture":
             t0 = time.perf_counter()
-            self.graphs.capture(key, lambda: self._forward(v))
+            self.graphs.capture(key, lambda: self._forward(v, heads))
             st.capture_seconds += time.perf_counter() - t0
             st.graph_captures += 1
             st.graphs = self.graphs.num_captured
@@ -292,14 +267,17 @@ class Engine:
             st.graph_replays += 1
         return self.graphs.replay(key)
 
-    def _forward(self, v: _Views) -> torch.Tensor:
+    def _forward(self, v: DeviceViews, heads: bool = False):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
         cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
         emb = pool(hidden, cu, v.seq, v.inv, self.cfg.pooling)                # [Sb + 1, H] float32
-        return maybe_normalize(emb, self.cfg.normalize)
+        emb = maybe_normalize(emb, self.cfg.normalize)
+        if not heads:
+            return emb
+        return (emb, *self.heads(hidden))                                     # + [Tb] f32, [Tb, Dc] f32
 
-    def _run_unpadded(self, batch: PackedBatch, slot: _Slot) -> torch.Tensor:
+    def _run_unpadded(self, batch: PackedBatch, slot: Slot, heads: bool = False):
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
         dev = self.device
         st = self.stats
@@ -321,7 +299,10 @@ class Engine:
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
         emb = pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling)           # [S, H] float32
-        return maybe_normalize(emb, self.cfg.normalize)
+        emb = maybe_normalize(emb, self.cfg.normalize)
+        if not heads:
+            return emb
+        return (emb, *self.heads(hidden))                                     # + [T] f32, [T, Dc] f32
 
     # ---- helpers ----
     def precapture(self, configs) -> None:

@@ -27,8 +27,9 @@ from typing import Callable
 import torch
 
 # (sequence-count bucket, token bucket), plus a max_seqlen bound for backends whose launch grid
-# follows it (the engine adds it; see Engine._run_static)
-Key = tuple[int, int] | tuple[int, int, int]
+# follows it, plus "m3" for the graph that also runs BGE-M3's heads (the engine adds both; see
+# Engine._run_static)
+Key = tuple[int, int] | tuple[int, int, int] | tuple  # (sb, tb[, bound][, "m3"])
 
 
 def token_buckets(max_tokens: int, small: int = 64, switch: int = 1024, big: int = 256) -> list[int]:
@@ -68,7 +69,12 @@ class CpuGraph:
         self.output = fn()
 
     def replay(self) -> None:
-        self.output.copy_(self.fn())
+        new = self.fn()
+        if isinstance(self.output, tuple):          # several outputs (the heads' graphs)
+            for out, value in zip(self.output, new):
+                out.copy_(value)
+        else:
+            self.output.copy_(new)
 
 
 @dataclass

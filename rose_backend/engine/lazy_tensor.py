@@ -17,27 +17,40 @@ import torch
 
 
 class LazyTensor:
-    __slots__ = ("_host", "_event", "_rows", "done")
+    __slots__ = ("_host", "_event", "_rows", "done", "_extras", "extras")
 
-    def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", rows: int):
+    def __init__(self, host: torch.Tensor, event: "torch.cuda.Event | None", rows: int,
+                 extras: dict[str, torch.Tensor] | None = None):
         self._host, self._event, self._rows = host, event, rows
+        self._extras = extras or {}
+        self.extras: dict[str, np.ndarray] = {}
         self.done = event is None
 
     @classmethod
     def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None,
-               event: "torch.cuda.Event | None" = None) -> "LazyTensor":
+               event: "torch.cuda.Event | None" = None,
+               extras: dict[str, torch.Tensor] | None = None) -> "LazyTensor":
         """Queue src[:rows] -> host. `host`, if given, is a (pinned) buffer of at least src's shape
         that nothing else writes until this handle is synchronized or detached; `event`, if given,
-        is recorded after the copy (the owner of a buffer ring reuses one per buffer)."""
+        is recorded after the copy (the owner of a buffer ring reuses one per buffer). `extras`:
+        named device tensors (already cut to their real rows) copied back behind the same event."""
         rows = src.shape[0] if rows is None else rows
         if src.device.type != "cuda":
-            return cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
+            lt = cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
+            # copies: a graph's static outputs are overwritten by its next replay, and the serving
+            # layer keeps these rows until their request is answered
+            lt.extras = {k: v.detach().to("cpu", torch.float32, copy=True).numpy() for k, v in (extras or {}).items()}
+            return lt
         if host is None:
             host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         host[:rows].copy_(src[:rows], non_blocking=True)      # cudaMemcpyAsync behind the forward pass
+        copies = {}
+        for k, v in (extras or {}).items():                   # pinned (cached by torch's host allocator)
+            copies[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+            copies[k].copy_(v, non_blocking=True)
         event = event or torch.cuda.Event()
         event.record()
-        return cls(host, event, rows)
+        return cls(host, event, rows, copies)
 
     def ready(self) -> bool:
         """True once the result is on the host. Never blocks."""
@@ -49,6 +62,9 @@ class LazyTensor:
             self._event.synchronize()
         out = self._host[: self._rows].float().numpy().copy()
         self._host, self._event, self.done = torch.from_numpy(out), None, True   # the ring may reuse the buffer now
+        if self._extras:
+            self.extras = {k: v.float().numpy() for k, v in self._extras.items()}
+            self._extras = {}
         return out.copy()
 
     def detach(self) -> None:

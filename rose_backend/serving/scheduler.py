@@ -27,10 +27,13 @@ class Request:
     seq_lens: np.ndarray                         # [S] int32
     handle: Any = None                           # opaque to the pool (the Triton response sender)
     is_cancelled: Callable[[], bool] | None = None
+    token_outputs: frozenset = frozenset()       # token-level outputs asked for ("sparse", "colbert")
+    options: Any = None                          # opaque to the pool (the serving layer's output options)
     offsets: np.ndarray = field(init=False)      # [S + 1] start of each sequence in input_ids
     next_seq: int = field(init=False, default=0)     # first sequence not yet scheduled
     remaining: int = field(init=False)               # sequences not yet computed
     output: np.ndarray | None = field(init=False, default=None)   # [S, D] float32, filled as batches finish
+    token_results: dict = field(init=False, default_factory=dict)  # name -> [(first token, rows view)]
     error: str | None = field(init=False, default=None)
     error_kind: str = field(init=False, default="internal")   # internal | unavailable | cancelled
     admitted_at: float = field(init=False, default_factory=time.monotonic)
@@ -73,7 +76,8 @@ class ScheduledBatch:
         ids = np.concatenate([p.request.input_ids[p.request.offsets[p.first]:p.request.offsets[p.last]]
                               for p in self.pieces])
         lens = np.concatenate([p.request.seq_lens[p.first:p.last] for p in self.pieces])
-        return PackedBatch(ids.astype(np.int32, copy=False), lens.astype(np.int32, copy=False))
+        wanted = frozenset().union(*(p.request.token_outputs for p in self.pieces))
+        return PackedBatch(ids.astype(np.int32, copy=False), lens.astype(np.int32, copy=False), wanted)
 
     def requests(self) -> list[Request]:
         return [p.request for p in self.pieces]

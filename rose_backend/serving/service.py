@@ -1,7 +1,7 @@
 """EmbeddingService: the scheduler thread and the completion side, independent of Triton.
 
-    submit(request) -> the pool                       (any thread; returns at once, or runs the
-                                                       request itself when the service is idle)
+    submit(request) -> the pool                       (any thread; returns at once; an idle service
+                                                       launches the request on the calling thread)
     loop thread:  collect finished batches (in launch order, never blocking)
                   form the next FCFS batch and launch it: engine.step(batch) -> LazyTensor
                   with nothing left to launch, block on the oldest batch in flight
@@ -11,10 +11,14 @@
 The next batch is launched before the previous one is collected (up to `max_inflight` in flight),
 so the device never waits for the host between batches.
 
-Inline path (`inline=True`, the default): a request that arrives while the service is idle (nothing
-queued, nothing in flight, nothing being launched) and fits in one batch is run by the submitting
-thread itself, step to response, so a lone request pays no hand-over to the loop thread. While it
-runs, the loop thread launches nothing; requests that arrive meanwhile queue as usual.
+Inline launch (`inline=True`): a request that arrives while the service is idle (nothing queued,
+nothing in flight, nothing being launched) and fits in one batch is launched by the submitting thread
+itself, so its forward pass starts without waiting for the loop thread to wake; the loop thread
+wakes while the device runs it, then collects and answers it as any batch. submit() returns right
+after the launch: the caller (Triton's execute) takes the next request at once, and requests
+arriving meanwhile queue in the pool and batch as usual. (Running the whole request on the caller,
+answer included, made every request of a concurrent load a batch of one: Triton hands a decoupled
+Python model one request per execute() call, and delivers the next only when execute() returns.)
 
 Stage timing: with a StageClock (serving/stage_clock.py) each request is marked at every stage of
 its host path, and the engine's step is split into its own stages.
@@ -170,44 +174,25 @@ class EmbeddingService:
             self._cond.acquire()
 
     def _run_inline(self, r: Request) -> None:
-        """Run one whole request now, on the calling thread (the service is idle and owns no batch)."""
+        """Launch one whole request now, from the calling thread (the service is idle and owns no
+        batch); the loop thread collects and answers it, so the caller (Triton's execute) returns at
+        once and requests arriving meanwhile queue in the pool and batch as usual."""
         r.next_seq = r.num_seqs
-        batch = ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs)
-        self._mark_batch(batch, "scheduled")
-        try:
-            handle = self.engine.step(batch.pack())
-        except Exception as e:
-            if is_out_of_memory(e):
-                self._split_and_retry(batch, e)
-            else:
-                log.exception("forward pass failed for a request of %d sequences / %d tokens",
-                              r.num_seqs, r.num_tokens)
-                self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
-            return
-        self._mark_step(batch)
-        with self._cond:
-            self.stats.batches += 1
-            self.stats.batch_tokens += batch.num_tokens
-        self._collect_one(batch, handle)
+        self._launch(ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs))
 
-    def _mark_batch(self, batch: ScheduledBatch, stage: str) -> None:
+    def _mark(self, batch: ScheduledBatch, stage: str | None = None) -> None:
+        """Stage timing: `stage` now, or (None) the engine's own stages of the step just launched."""
         if self.clock is not None:
-            t = time.perf_counter_ns()
-            for p in batch.pieces:
-                self.clock.mark(p.request, stage, t)
-
-    def _mark_step(self, batch: ScheduledBatch) -> None:
-        """The engine's own stages of the step just launched (Engine.last_marks), for each request."""
-        if self.clock is not None:
-            for stage, t in getattr(self.engine, "last_marks", None) or ():
+            marks = [(stage, time.perf_counter_ns())] if stage else getattr(self.engine, "last_marks", None) or ()
+            for name, t in marks:
                 for p in batch.pieces:
-                    self.clock.mark(p.request, stage, t)
+                    self.clock.mark(p.request, name, t)
 
     def _launch(self, batch: ScheduledBatch) -> None:
         batch = batch.live()                  # a request may have failed since it was scheduled
         if batch is None:
             return
-        self._mark_batch(batch, "scheduled")
+        self._mark(batch, "scheduled")
         try:
             handle = self.engine.step(batch.pack())
         except Exception as e:
@@ -218,11 +203,11 @@ class EmbeddingService:
                           batch.num_seqs, batch.num_tokens)
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
             return
-        self._mark_step(batch)
-        self.stats.batches += 1
-        self.stats.batch_tokens += batch.num_tokens
+        self._mark(batch)
         with self._cond:
-            self._inflight.append((batch, handle))
+            self.stats.batches += 1
+            self.stats.batch_tokens += batch.num_tokens
+            self._inflight.append((batch, handle))      # after an inline launch, the loop thread wakes now
 
     def _split_and_retry(self, batch: ScheduledBatch, error: BaseException) -> None:
         """The forward pass of `batch` ran out of memory. Collect the batches in flight (their
@@ -240,7 +225,8 @@ class EmbeddingService:
                 continue
             free_device_cache()
             try:
-                emb = self.engine.step(b.pack()).synchronize()        # [S, D] float32
+                handle = self.engine.step(b.pack())
+                emb = handle.synchronize()                           # [S, D] float32
             except Exception as e:
                 if is_out_of_memory(e) and b.num_seqs > 1:
                     first, second = b.split()
@@ -255,7 +241,7 @@ class EmbeddingService:
                 continue
             self.stats.batches += 1
             self.stats.batch_tokens += b.num_tokens
-            self._deliver(b, emb)
+            self._deliver(b, emb, getattr(handle, "extras", None))
 
     def _collect(self, block: bool) -> None:
         while self._inflight and (block or self._inflight[0][1].ready()):
@@ -272,18 +258,23 @@ class EmbeddingService:
             log.exception("collecting a batch failed")
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
         else:
-            self._mark_batch(batch, "result_on_host")
-            self._deliver(batch, emb)
+            self._mark(batch, "result_on_host")
+            self._deliver(batch, emb, getattr(handle, "extras", None))
 
-    def _deliver(self, batch: ScheduledBatch, emb: np.ndarray) -> None:
+    def _deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None = None) -> None:
+        token = 0                                                # first token of the piece in the batch
         for p in batch.pieces:
             r = p.request
+            t0, t1 = int(r.offsets[p.first]), int(r.offsets[p.last])
+            token += t1 - t0
             if r.finished:
                 continue
             if r.output is None:
                 r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
             n = p.last - p.first
             r.output[p.first:p.last] = emb[p.row:p.row + n]
+            for name in r.token_outputs:        # token-level rows: views kept, copied once when built
+                r.token_results.setdefault(name, []).append((t0, extras[name][token - (t1 - t0):token]))
             r.remaining -= n
             if r.remaining == 0:
                 self._finish(r)

@@ -101,6 +101,8 @@ class RoseSettings(_Settings):
                          (default auto: on for a CUDA device; on the CPU the forward pass run on the
                          stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
                          contending, so auto leaves it off there)
+    quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
+                         uint8 (default "": quantization_ranges.npy / .json in the model folder, if any)
     """
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "max_queued_tokens": 0,
@@ -122,6 +124,7 @@ class RoseSettings(_Settings):
     inline_execute: str = "auto"
     cuda_graphs: str = "auto"
     gpu_memory_headroom_mb: int = 0
+    quantization_ranges: str = ""
 
     def __post_init__(self):
         self._check()

@@ -1,4 +1,5 @@
-"""The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS -> EMBEDDINGS.
+"""The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS (+ DIMENSIONS, ENCODING) -> EMBEDDINGS
+(+ SPARSE_IDS, SPARSE_WEIGHTS, SPARSE_LENS, COLBERT, COLBERT_LENS when asked for: serving/outputs.py).
 
 execute() validates each request, admits it into the EmbeddingService pool and returns None; the
 service's loop thread batches, runs the engine and calls back here to send each request exactly
@@ -15,6 +16,7 @@ with the FINAL flag, and nothing after it.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import threading
 import time
@@ -23,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.outcomes import Unavailable
+from rose_backend.serving.outputs import OutputOptions, build_outputs, load_ranges, parse_options, special_token_ids
 from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
@@ -70,6 +73,9 @@ class RoseModel:
                 max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
                 inline=inline == "true", clock=self.clock)
             self.drain_timeout = s.drain_timeout_s
+            self.normalize = cfg.normalize
+            self.ranges = load_ranges(s.quantization_ranges or None, cfg.model_dir)
+            self.skip_ids = special_token_ids(cfg.model_dir) if self.engine.heads is not None else None
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
@@ -99,7 +105,9 @@ class RoseModel:
                 ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
                 t1 = time.perf_counter_ns() if clock is not None else 0
                 input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
-                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled)
+                opts = self._options(request)
+                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
+                            token_outputs=opts.token_outputs, options=opts)
                 if clock is not None:
                     r.marks += [("received", t0), ("inputs_read", t1), ("validated", time.perf_counter_ns())]
                 self.service.submit(r)
@@ -115,11 +123,31 @@ class RoseModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
+    def _options(self, request) -> OutputOptions:
+        """The request's outputs, DIMENSIONS and ENCODING (serving/outputs.py); ValueError if bad."""
+        raw = request.parameters()
+        try:
+            params = json.loads(raw) if raw else {}
+        except ValueError:
+            params = {}
+        choice = params.get("outputs")
+        dims = pb_utils.get_input_tensor_by_name(request, "DIMENSIONS")
+        enc = pb_utils.get_input_tensor_by_name(request, "ENCODING")
+        return parse_options(request.requested_output_names(), None if choice is None else str(choice),
+                             None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
+                             self.engine.embedding_dim, self.ranges, self.engine.heads is not None)
+
     _CODES = {"cancelled": "CANCELLED", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
 
     def _respond(self, r: Request) -> None:
         if r.error is None:
-            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", r.output)])
+            try:
+                outputs = build_outputs(r, r.options or _DENSE, self.normalize, self.ranges, self.skip_ids)
+            except Exception as e:
+                log.exception("rose: building the outputs of a request failed")
+                r.error = f"building the outputs failed: {type(e).__name__}: {e}"
+        if r.error is None:
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outputs])
         else:
             code = getattr(pb_utils.TritonError, self._CODES.get(r.error_kind, "INTERNAL"))
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
@@ -135,6 +163,9 @@ class RoseModel:
         self.metrics.stop()
         if self.clock is not None:
             self.clock.write()
+
+
+_DENSE = OutputOptions(frozenset({"EMBEDDINGS"}), frozenset())
 
 
 class _Metrics:

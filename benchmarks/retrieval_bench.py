@@ -1,0 +1,158 @@
+"""BGE-M3's three outputs vs dense only, through Triton: what sparse + ColBERT cost per request.
+
+Starts one tritonserver on a BGE-M3-style folder (a real one with --model; else --shape bge-m3: the
+benchmarks' random BGE-M3 folder, rose_backend.testing.folders, plus random heads; --shape tiny: a
+small XLM-R from rose_backend.testing.m3_folders, for a CPU smoke run) and sends pre-tokenized requests
+(random ids) straight to `rose` over a gRPC stream, one at a time, alternating between
+    dense   outputs [EMBEDDINGS]
+    all     outputs [EMBEDDINGS, SPARSE_*, COLBERT, COLBERT_LENS], parameter outputs=sparse,colbert
+at 1 x 128 and 100 x 512 tokens. Per cell: median / p90 milliseconds from send to the decoded
+answer (the client's clock: Triton, the forward pass, the heads, the transfer), and the bytes of
+the answer (ColBERT's share at 100 x 512 = the size of that one response). Warm-up requests
+first (graph captures). Prints a table and saves JSON (command, git commit, machine, date).
+
+    H200:  PYTHONPATH=. python3 benchmarks/retrieval_bench.py --shape bge-m3 --out benchmarks/results
+    CPU smoke: .venv/bin/python benchmarks/retrieval_bench.py --shape tiny --iters 5 --warmup 2
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "ensemble")]
+from rose_backend.launcher import TritonProcess, free_ports, repository_copy, DEFAULT_REPOSITORY  # noqa: E402
+from rose_client.transport import StreamConnection  # noqa: E402
+
+SHAPES = ("bge-m3", "tiny")
+CELLS = [(1, 128), (100, 512)]
+ALL = ["EMBEDDINGS", "SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT", "COLBERT_LENS"]
+
+
+def request(conn, seqs: int, tokens: int, outputs, rng, vocab: int):
+    ids = rng.integers(4, vocab - 1, size=seqs * tokens, dtype=np.int32)
+    ids[::tokens], ids[tokens - 1::tokens] = 0, 2                   # <s> ... </s>
+    lens = np.full(seqs, tokens, dtype=np.int32)
+    t0 = time.perf_counter()
+    # naming every output is "no choice" to rose (serving/outputs.py): the parameter says what to compute
+    params = {"outputs": "sparse,colbert"} if len(outputs) > 1 else None
+    out = conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens)], outputs=outputs, parameters=params).result(600)
+    ms = (time.perf_counter() - t0) * 1e3
+    if set(out) != set(outputs):
+        raise RuntimeError(f"asked for {outputs}, got {sorted(out)}")
+    return ms, {k: v.nbytes for k, v in out.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="a BGE-M3 folder (with sparse_linear.pt, colbert_linear.pt)")
+    ap.add_argument("--shape", default="bge-m3", choices=SHAPES, help="random folder shape without --model")
+    ap.add_argument("--iters", type=int, default=30, help="measured requests per cell and mode")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="rose-retrieval-") as tmp:
+        folder = args.model
+        if folder is None:
+            folder = str(random_folder(args.shape, Path(tmp) / "m3"))
+        vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
+        repo = repository_copy(DEFAULT_REPOSITORY, Path(tmp) / "repo", {})
+        log = Path(tmp) / "server.log"
+        srv = TritonProcess(folder, repo, free_ports(), log_file=log)
+        srv.start()
+        try:
+            srv.wait_ready(900)
+            rows = run(srv.grpc_url, args, vocab)
+        except BaseException:
+            print(log.read_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            srv.stop()
+    report = {"command": " ".join(sys.argv), "git_commit": _git(), "machine": _machine(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "model": args.model or f"random {args.shape}", "rows": rows}
+    print(f"{'cell':>9} {'mode':>6} {'median ms':>10} {'p90 ms':>8} {'answer MB':>10} {'extra':>9}")
+    for r in rows:
+        print(f"{r['cell']:>9} {r['mode']:>6} {r['median_ms']:10.2f} {r['p90_ms']:8.2f} "
+              f"{r['bytes'] / 1e6:10.2f} {r.get('extra', ''):>9}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"retrieval_bench_{args.shape if args.model is None else Path(args.model).name}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"saved {path}")
+    return 0
+
+
+def random_folder(shape: str, path: Path) -> Path:
+    from rose_backend.testing.m3_folders import make_m3_folder, write_heads
+    if shape == "tiny":
+        return make_m3_folder(path, hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512)
+    import torch
+    from rose_backend.testing.folders import make_folder
+    make_folder("bge-m3", path, device="cuda" if torch.cuda.is_available() else "cpu")
+    write_heads(path, 1024, 1024)
+    return path
+
+
+def run(url: str, args, vocab: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    conn = StreamConnection(url)
+    rows = []
+    try:
+        for seqs, tokens in CELLS:
+            modes = {"dense": ["EMBEDDINGS"], "all": ALL}
+            for _ in range(args.warmup):
+                for outs in modes.values():
+                    request(conn, seqs, tokens, outs, rng, vocab)
+            times = {m: [] for m in modes}
+            sizes = {}
+            for _ in range(args.iters):                           # alternate: both see the same drift
+                for m, outs in modes.items():
+                    ms, sizes[m] = request(conn, seqs, tokens, outs, rng, vocab)
+                    times[m].append(ms)
+            med = {m: float(np.median(t)) for m, t in times.items()}
+            for m in modes:
+                row = {"cell": f"{seqs}x{tokens}", "mode": m, "median_ms": med[m],
+                       "p90_ms": float(np.percentile(times[m], 90)), "bytes": int(sum(sizes[m].values())),
+                       "bytes_by_output": sizes[m], "times_ms": times[m]}
+                if m == "all":
+                    row["extra"] = f"{(med['all'] / med['dense'] - 1) * 100:+.1f}%"
+                    row["extra_ms"] = med["all"] - med["dense"]
+                rows.append(row)
+    finally:
+        conn.close()
+    return rows
+
+
+def _git() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def _machine() -> dict:
+    info = {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
+    try:
+        import torch
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+if __name__ == "__main__":
+    sys.exit(main())

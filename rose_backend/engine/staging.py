@@ -1,0 +1,107 @@
+"""The static input layout of a graph configuration, staged on the host and viewed on the device.
+
+One int32 buffer holds everything a configuration (Sb sequence slots, Tb tokens) reads, so a batch
+travels to the device in one copy:
+
+    ids  [Tb]      token ids, padding rows hold the pad id
+    pos  [Tb]      position of each token in its sequence (plus token type x stride where used)
+    seq  [Tb]      sequence slot of each token; padding rows point at the dummy slot Sb
+    cu   [Sb + 2]  cu_seqlens: real sequences, then empty slots, then the dummy holding the padding
+    inv  [Sb + 1]  float32 bits: 1 / length for mean pooling (0 for empty slots and the dummy)
+
+`Layout` names these ranges once; the host writer (`stage`) and the device views (`DeviceViews`)
+both read them from it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rose_backend.engine.batch import PackedBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    sb: int
+    tb: int
+
+    @property
+    def ids(self) -> slice:
+        return slice(0, self.tb)
+
+    @property
+    def pos(self) -> slice:
+        return slice(self.tb, 2 * self.tb)
+
+    @property
+    def seq(self) -> slice:
+        return slice(2 * self.tb, 3 * self.tb)
+
+    @property
+    def cu(self) -> slice:
+        return slice(3 * self.tb, 3 * self.tb + self.sb + 2)
+
+    @property
+    def inv(self) -> slice:
+        start = 3 * self.tb + self.sb + 2
+        return slice(start, start + self.sb + 1)
+
+    @property
+    def words(self) -> int:
+        return 3 * self.tb + 2 * self.sb + 3
+
+
+class Slot:
+    """One entry of the ring of pinned host buffers (inputs staged, outputs returned)."""
+
+    def __init__(self, words: int, out_rows: int, dim: int, pinned: bool):
+        self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)    # a Layout's words
+        self.np = self.staging.numpy()
+        self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
+        self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
+        self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
+        self.lt = None                                   # the LazyTensor that last used `out`
+
+
+class DeviceViews:
+    """Device views of one configuration into the engine's static input buffer."""
+    __slots__ = ("ids", "pos", "seq", "cu", "inv", "words")
+
+    def __init__(self, buf: torch.Tensor, layout: Layout):
+        self.ids, self.pos, self.seq = buf[layout.ids], buf[layout.pos], buf[layout.seq]   # [Tb] int32 each
+        self.cu = buf[layout.cu]                                                        # [Sb + 2] int32
+        self.inv = buf[layout.inv].view(torch.float32).unsqueeze(1)                     # [Sb + 1, 1] f32
+        self.words = layout.words
+
+
+def stage(batch: PackedBatch, layout: Layout, out: np.ndarray, pad_id: int, arange: np.ndarray,
+          positions: np.ndarray | None = None) -> int:
+    """Write `batch` padded to `layout` into `out` (a slot's int32 staging); return the words used.
+    `arange` is a cached 0..Tb-1; `positions` overrides the per-sequence positions (token types)."""
+    s, t, sb, tb = batch.num_seqs, batch.num_tokens, layout.sb, layout.tb
+    lens = batch.seq_lens.astype(np.int32)
+    ids, pos, seq = out[layout.ids], out[layout.pos], out[layout.seq]
+    ids[:t] = batch.input_ids
+    ids[t:] = pad_id
+    if positions is not None:
+        pos[:t] = positions
+        seq[:t] = np.repeat(np.arange(s, dtype=np.int32), lens)
+    elif s == 1:                       # one sequence (the online case): no per-token index math
+        pos[:t] = arange[:t]
+        seq[:t] = 0
+    else:
+        pos[:t] = batch.positions()
+        seq[:t] = np.repeat(np.arange(s, dtype=np.int32), lens)
+    pos[t:] = 0
+    seq[t:] = sb                                              # padding rows pool into the dummy
+    cu = out[layout.cu]
+    cu[0] = 0
+    np.cumsum(lens, out=cu[1:s + 1])
+    cu[s + 1:sb + 1] = t                                      # empty sequences
+    cu[sb + 1] = tb                                           # the dummy holds the padding
+    inv = out[layout.inv].view(np.float32)
+    inv[:s] = 1.0 / lens
+    inv[s:] = 0.0
+    return layout.words

@@ -1,0 +1,228 @@
+"""Per-request outputs beyond the dense rows: which ones a request asked for, and building them.
+
+Outputs (all but EMBEDDINGS optional, computed only when asked for):
+    EMBEDDINGS      [n, d] dense vectors, after DIMENSIONS and ENCODING (dtype follows ENCODING)
+    SPARSE_IDS      INT32 [-1]   per input, its unique token ids with a weight > 0, inputs end to end
+    SPARSE_WEIGHTS  FP32  [-1]   their lexical weights (max over the token's occurrences)
+    SPARSE_LENS     INT32 [n]    how many ids each input has
+    COLBERT         FP32  [-1, Dc]  per input, one unit vector per token but the first, end to end
+    COLBERT_LENS    INT32 [n]    how many vectors each input has (its length - 1)
+Values as FlagEmbedding's BGEM3FlagModel.encode(return_sparse=True, return_colbert_vecs=True)
+defines them (inference/embedder/encoder_only/m3.py, _process_token_weights and
+_process_colbert_vecs): the sparse weights skip the tokenizer's cls / eos / pad / unk ids and keep
+the largest weight of each id; ColBERT drops the first (CLS) token.
+
+Which outputs a request asked for. A request names its outputs (Triton's requested outputs); a
+request that names none is given all of them by Triton, and the `embed` ensemble asks `rose` for
+every output its step maps whatever the client named (Triton 2.51's ensemble_scheduler.cc adds
+each mapped output to the step's request). So:
+  - the request parameter `outputs` ("sparse", "colbert", "sparse,colbert" or "") decides when it
+    is present (through `embed` it is the only way to ask: Triton forwards request parameters to
+    the ensemble's steps); rose_client always sends it;
+  - otherwise the requested outputs decide, except that "all of them" (no choice made) means the
+    dense EMBEDDINGS only, as before these outputs existed.
+
+DIMENSIONS (Matryoshka): the first d dimensions, normalized again if the model normalizes.
+ENCODING: float32 (default), float16, int8, uint8, binary, ubinary, with the meaning and bit
+layout of sentence-transformers' quantize_embeddings (binary: 8 dimensions a byte, np.packbits of
+x > 0, minus 128 as int8; ubinary the same as uint8; int8 / uint8: floor((x - min) / step) with
+step = (max - min) / 255 per dimension, clipped to 0..255, minus 128 for int8). int8 / uint8
+need calibration ranges [2, d] (min row, max row) of the output's dimension d. EMBEDDINGS keeps its
+name and takes the encoding's data type: Triton 2.51 passes a Python-backend output whose data
+type differs from config.pbtxt's (FP32) on unchanged, through `rose` and the `embed` ensemble alike
+(tests/test_m3_outputs.py, tests/test_output_options.py), so no extra typed outputs are needed.
+DIMENSIONS applies to EMBEDDINGS only, not to the ColBERT vectors.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SPARSE_OUTPUTS = ("SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS")
+COLBERT_OUTPUTS = ("COLBERT", "COLBERT_LENS")
+KIND_OF = {**{n: "sparse" for n in SPARSE_OUTPUTS}, **{n: "colbert" for n in COLBERT_OUTPUTS}}
+ALL_OUTPUTS = frozenset({"EMBEDDINGS", *KIND_OF})
+ENCODINGS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+RANGES_FILES = ("quantization_ranges.npy", "quantization_ranges.json")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    names: frozenset                  # output tensors to send
+    token_outputs: frozenset          # "sparse" / "colbert": what the engine must compute
+    dimensions: int | None = None
+    encoding: str = "float32"
+
+
+def choose_outputs(requested: set[str] | frozenset, parameter: str | None) -> tuple[frozenset, frozenset]:
+    """(names to send, token outputs to compute); see the module docstring for the rule."""
+    requested = frozenset(requested) & ALL_OUTPUTS
+    if parameter is not None:
+        kinds = frozenset(k.strip().lower() for k in parameter.split(",") if k.strip())
+        bad = kinds - {"sparse", "colbert", "dense"}
+        if bad:
+            raise ValueError(f"request parameter 'outputs' takes sparse, colbert (comma-separated); got {sorted(bad)}")
+        kinds -= {"dense"}
+        names = frozenset(n for n in requested if n == "EMBEDDINGS" or KIND_OF[n] in kinds)
+    elif requested == ALL_OUTPUTS or not requested:
+        names = frozenset({"EMBEDDINGS"})
+    else:
+        names = requested
+    return names, frozenset(KIND_OF[n] for n in names if n != "EMBEDDINGS")
+
+
+def parse_options(requested, parameter: str | None, dimensions: np.ndarray | None, encoding: np.ndarray | None,
+                  embedding_dim: int, ranges: np.ndarray | None, has_heads: bool) -> OutputOptions:
+    """Check a request's output choices; raise ValueError naming what is wrong."""
+    names, token_outputs = choose_outputs(requested, parameter)
+    if token_outputs and not has_heads:
+        raise ValueError(f"{' and '.join(sorted(token_outputs))} outputs need BGE-M3's heads "
+                         "(sparse_linear.pt and colbert_linear.pt, or .safetensors) in the model folder; "
+                         "this model has none")
+    dims = None
+    if dimensions is not None:
+        values = np.asarray(dimensions).reshape(-1)
+        if values.size != 1 or not np.issubdtype(values.dtype, np.integer):
+            raise ValueError(f"DIMENSIONS must be one INT32 value, got {values.size} of {values.dtype}")
+        dims = int(values[0])
+        if not 1 <= dims <= embedding_dim:
+            raise ValueError(f"DIMENSIONS is {dims}; this model's embeddings have 1..{embedding_dim} dimensions")
+    enc = "float32"
+    if encoding is not None:
+        values = np.asarray(encoding, dtype=object).reshape(-1)
+        if values.size != 1:
+            raise ValueError(f"ENCODING must hold exactly one string, got {values.size}")
+        raw = values[0]
+        enc = (raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)).strip().lower() or "float32"
+        if enc not in ENCODINGS:
+            raise ValueError(f"ENCODING {enc!r} is not one of {', '.join(ENCODINGS)}")
+    if enc in ("int8", "uint8"):
+        d = dims or embedding_dim
+        if ranges is None:
+            raise ValueError(f"ENCODING {enc} needs calibration ranges: put {RANGES_FILES[0]} ([2, {d}]: the "
+                             "minimum and maximum of each dimension) in the model folder, or set the rose "
+                             "parameter quantization_ranges")
+        if ranges.shape[1] != d:
+            raise ValueError(f"ENCODING {enc}: the calibration ranges have {ranges.shape[1]} dimensions, "
+                             f"the output {d}; send DIMENSIONS {ranges.shape[1]} or calibrate for {d}")
+    return OutputOptions(names, token_outputs, dims, enc)
+
+
+def load_ranges(path: str | Path | None, model_dir: str | Path) -> np.ndarray | None:
+    """Calibration ranges [2, d] float32 from `path` (.npy or .json), else from the model folder's
+    quantization_ranges.npy / .json, else None."""
+    candidates = [Path(path)] if path else [Path(model_dir) / f for f in RANGES_FILES]
+    for p in candidates:
+        if not p.exists():
+            if path:
+                raise ValueError(f"quantization_ranges {p} does not exist")
+            continue
+        a = np.load(p) if p.suffix == ".npy" else np.asarray(json.loads(p.read_text()), dtype=np.float32)
+        a = np.asarray(a, dtype=np.float32)
+        if a.ndim != 2 or a.shape[0] != 2:
+            raise ValueError(f"{p}: calibration ranges must be [2, d] (min row, max row), got {list(a.shape)}")
+        return a
+    return None
+
+
+# ------------------------------------------------------------------------------------ building
+def dense_output(emb: np.ndarray, opts: OutputOptions, normalize: bool, ranges: np.ndarray | None) -> np.ndarray:
+    """EMBEDDINGS after DIMENSIONS and ENCODING."""
+    if opts.dimensions is not None and opts.dimensions < emb.shape[1]:
+        emb = emb[:, :opts.dimensions]
+        if normalize:
+            emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    return quantize(np.ascontiguousarray(emb, dtype=np.float32), opts.encoding, ranges)
+
+
+def quantize(emb: np.ndarray, encoding: str, ranges: np.ndarray | None = None) -> np.ndarray:
+    """sentence-transformers' quantize_embeddings (util/quantization.py), plus float16."""
+    if encoding == "float32":
+        return emb
+    if encoding == "float16":
+        return emb.astype(np.float16)
+    if encoding in ("int8", "uint8"):
+        starts = ranges[0]
+        steps = (ranges[1] - starts) / 255
+        steps = np.where(steps == 0, 1, steps)
+        q = np.clip(np.floor((emb - starts) / steps), 0, 255)
+        return q.astype(np.uint8) if encoding == "uint8" else (q - 128).astype(np.int8)
+    if encoding == "binary":
+        return (np.packbits(emb > 0, axis=-1) - 128).astype(np.int8)
+    if encoding == "ubinary":
+        return np.packbits(emb > 0, axis=-1)
+    raise ValueError(f"unknown encoding {encoding!r}")
+
+
+def sparse_outputs(input_ids: np.ndarray, seq_lens: np.ndarray, weights: np.ndarray,
+                   skip_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sequence, its unique token ids (ascending) with weight > 0 and the largest weight of
+    each, skipping `skip_ids`: (ids int32 [-1], weights float32 [-1], lens int32 [S])."""
+    seq = np.repeat(np.arange(len(seq_lens), dtype=np.int64), seq_lens)
+    keep = (weights > 0) & ~np.isin(input_ids, skip_ids)
+    key = (seq[keep] << 32) | input_ids[keep].astype(np.int64)
+    w = weights[keep]
+    order = np.argsort(key, kind="stable")
+    key, w = key[order], w[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
+    uniq = key[starts]
+    best = np.maximum.reduceat(w, starts) if key.size else np.zeros(0, np.float32)
+    lens = np.bincount((uniq >> 32).astype(np.int64), minlength=len(seq_lens)).astype(np.int32)
+    return (uniq & 0xFFFFFFFF).astype(np.int32), best.astype(np.float32), lens
+
+
+def colbert_outputs(vectors, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every token's vector but each sequence's first: (COLBERT [T - S, Dc] f32, lens int32 [S]).
+    `vectors`: [T, Dc], or its pieces [(first token, rows)] in any order (copied once, here)."""
+    pieces = [(0, vectors)] if isinstance(vectors, np.ndarray) else sorted(vectors, key=lambda p: p[0])
+    keep = np.ones(int(seq_lens.sum()), dtype=bool)
+    keep[np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(np.int64)] = False
+    out = np.empty((int(keep.sum()), pieces[0][1].shape[1]), dtype=np.float32)
+    row = 0
+    for t0, rows in pieces:
+        k = keep[t0:t0 + len(rows)]
+        n = int(k.sum())
+        np.compress(k, rows, axis=0, out=out[row:row + n])
+        row += n
+    return out, (seq_lens - 1).astype(np.int32)
+
+
+def joined(pieces) -> np.ndarray:
+    """[(first token, rows)] -> the rows in token order, one array."""
+    pieces = sorted(pieces, key=lambda p: p[0])
+    return pieces[0][1] if len(pieces) == 1 else np.concatenate([r for _, r in pieces])
+
+
+def build_outputs(request, opts: OutputOptions, normalize: bool, ranges: np.ndarray | None,
+                  skip_ids: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """(name, array) pairs for one finished request (a scheduler.Request with its results)."""
+    out = []
+    if "EMBEDDINGS" in opts.names:
+        out.append(("EMBEDDINGS", dense_output(request.output, opts, normalize, ranges)))
+    if "sparse" in opts.token_outputs:
+        ids, w, lens = sparse_outputs(request.input_ids, request.seq_lens, joined(request.token_results["sparse"]),
+                                      skip_ids)
+        out += [(n, a) for n, a in zip(SPARSE_OUTPUTS, (ids, w, lens)) if n in opts.names]
+    if "colbert" in opts.token_outputs:
+        vecs, lens = colbert_outputs(request.token_results["colbert"], request.seq_lens)
+        out += [(n, a) for n, a in zip(COLBERT_OUTPUTS, (vecs, lens)) if n in opts.names]
+    return out
+
+
+def special_token_ids(model_dir: str | Path) -> np.ndarray:
+    """The ids BGE-M3's sparse output skips: the tokenizer's cls, eos, pad and unk tokens (as named
+    in special_tokens_map.json / tokenizer_config.json), looked up in tokenizer.json."""
+    from tokenizers import Tokenizer
+    d = Path(model_dir)
+    names: dict[str, str] = {}
+    for f in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (d / f).exists():
+            for k, v in json.loads((d / f).read_text()).items():
+                if k in ("cls_token", "eos_token", "pad_token", "unk_token") and v:
+                    names[k] = v["content"] if isinstance(v, dict) else str(v)
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    ids = [tok.token_to_id(t) for t in names.values()]
+    return np.array(sorted({i for i in ids if i is not None}), dtype=np.int32)

@@ -1,0 +1,69 @@
+"""BGE-M3 shape on the GPU: the sparse and ColBERT heads (bf16 encoder, float32 heads; eager, captured
+and replayed graphs) against a float32 Hugging Face reference with the same heads, and the dense
+rows of a batch with heads equal to those of the same batch without them.
+
+    PYTHONPATH=. python3 -m pytest -q tests/gpu/test_m3_gpu.py -s
+"""
+import numpy as np
+import pytest
+import torch
+
+from rose_backend.config import ModelConfig
+from rose_backend.engine.batch import PackedBatch
+from rose_backend.engine.engine import Engine
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.folders import make_folder
+from rose_backend.testing.m3_folders import write_heads
+from rose_backend.testing.reference import Reference
+
+
+def cos_gap(a, b) -> float:
+    return float(cos_dist(a, b).max())
+
+
+@pytest.fixture(scope="module")
+def folder(gpu_tmp):
+    path = make_folder("bge-m3", gpu_tmp / "bge-m3-heads", device="cuda")
+    if not (path / "colbert_linear.pt").exists():
+        write_heads(path, 1024, 1024, seed=0)
+    return path
+
+
+def reference_tokens(ref: Reference, heads, token_lists):
+    """Per token, float32: relu(sparse_linear(h)) [T] and normalize(colbert_linear(h)) [T, Dc]."""
+    sparse, colbert = [], []
+    with torch.inference_mode():
+        for ids in token_lists:
+            s, c = heads(ref.hidden(ids).to("cuda"))
+            sparse.append(s.cpu().numpy())
+            colbert.append(c.cpu().numpy())
+    return np.concatenate(sparse), np.concatenate(colbert)
+
+
+def test_bge_m3_heads_against_float32_reference(folder):
+    cfg = ModelConfig.from_folder(folder)
+    eng = Engine(cfg, device="cuda")
+    assert eng.heads is not None and eng.heads.colbert_dim == 1024
+    rng = np.random.default_rng(0)
+    lens = np.array([128, 512, 7, 300, 1, 64], dtype=np.int32)
+    ids = rng.integers(4, cfg.vocab_size - 1, size=int(lens.sum()), dtype=np.int32)
+    token_lists = np.split(ids, np.cumsum(lens)[:-1])
+    ref = Reference(cfg.model_dir, device="cuda")
+    ref_dense = ref.embed(token_lists)
+    ref_sparse, ref_colbert = reference_tokens(ref, eng.heads, token_lists)
+    report = []
+    for attempt in ("eager", "capture", "replay"):
+        lt = eng.step(PackedBatch(ids, lens, frozenset({"sparse", "colbert"})))
+        dense = lt.synchronize()
+        sp, cb = lt.extras["sparse"], lt.extras["colbert"]
+        assert sp.shape == ref_sparse.shape and cb.shape == ref_colbert.shape
+        d_gap, c_gap = cos_gap(dense, ref_dense), cos_gap(cb, ref_colbert)
+        s_err = float(np.abs(sp - ref_sparse).max() / max(1.0, float(ref_sparse.max())))
+        report.append((attempt, d_gap, c_gap, s_err))
+        print(f"{attempt}: dense 1-cos {d_gap:.2e}, ColBERT worst 1-cos {c_gap:.2e}, sparse max err {s_err:.2e}")
+        assert d_gap <= 1e-3 and c_gap <= 2e-3 and s_err <= 2e-2, report
+        np.testing.assert_allclose(np.linalg.norm(cb, axis=1), 1.0, atol=1e-4)
+    assert eng.last_key[-1] == "m3" and eng.stats.graph_replays >= 1
+    plain = eng.step(PackedBatch(ids, lens)).synchronize()          # the dense-only graph of this shape
+    assert eng.last_key[-1] != "m3"
+    assert cos_gap(plain, dense) <= 1e-6
