@@ -1,6 +1,6 @@
 # make serve   - install what is needed (first run) and serve the default model with tritonserver
 # make test    - install the test dependencies and run the whole CPU test suite
-# Variables: MODEL=<HF folder>  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
+# Variables: MODEL=<HF folder>  KIND=auto|embedding|cross-encoder|qwen3-reranker  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
 #            ROSE_CACHE_DIR=~/.cache/rose (persistent compile caches: flashinfer JIT, Triton kernels)
 PY ?= python3
@@ -12,6 +12,7 @@ METRICS_PORT ?= 8002
 ADDRESS ?= 127.0.0.1
 REPLICAS ?= 1
 MODEL ?=
+KIND ?=
 GPUS ?=
 PYTEST_ARGS ?=
 ROSE_CACHE_DIR ?= $(HOME)/.cache/rose
@@ -42,7 +43,7 @@ $(VENV)/.test-installed: $(VENV)/.installed
 serve: install
 	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" exec $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
-	  $(if $(MODEL),--model "$(MODEL)") $(if $(GPUS),--gpus "$(GPUS)")
+	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)")
 
 test: $(VENV)/.test-installed
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

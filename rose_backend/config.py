@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rose_backend.model_kind import QWEN3_RERANKER_MAX_LENGTH, detect_kind, score_activation
+
 ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
 DECODER_TYPES = ("qwen3",)
 # Folders whose config.json names another model_type but whose weights are Qwen3's, read as "qwen3".
@@ -73,6 +75,8 @@ class ModelConfig:
     normalize: bool = False
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    kind: str = "embedding"             # embedding | cross-encoder | qwen3-reranker (model_kind.py)
+    score_activation: str = "identity"  # rerankers: sigmoid | identity on the head's logit
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -90,8 +94,18 @@ class ModelConfig:
         return self.model_type in DECODER_TYPES
 
     @property
+    def is_reranker(self) -> bool:
+        return self.kind != "embedding"
+
+    @property
     def embedding_dim(self) -> int:
-        return self.hidden_size
+        """Width of one output row: the hidden size, or 1 (the score) for a reranker."""
+        return 1 if self.is_reranker else self.hidden_size
+
+    @property
+    def uses_token_types(self) -> bool:
+        """BERT cross-encoders read segment ids (query 0, document 1); XLM-R and Qwen3 have none."""
+        return self.kind == "cross-encoder" and self.model_type == "bert" and self.type_vocab_size > 1
 
     @property
     def max_positions(self) -> int:
@@ -99,7 +113,9 @@ class ModelConfig:
         return self.max_position_embeddings - self.position_offset
 
     @classmethod
-    def from_folder(cls, model_dir: str | os.PathLike | None = None) -> "ModelConfig":
+    def from_folder(cls, model_dir: str | os.PathLike | None = None, kind: str | None = None) -> "ModelConfig":
+        """kind: "embedding" | "cross-encoder" | "qwen3-reranker" to override detection (None / "auto":
+        $ROSE_MODEL_KIND, else detected from the folder; see model_kind.py)."""
         d = resolve_model_dir(model_dir)
         validate_model_folder(d)
         raw = _read_json(d / "config.json")
@@ -109,6 +125,15 @@ class ModelConfig:
                 f"{d / 'config.json'}: model_type {model_type!r} is not supported "
                 f"(supported: {', '.join(ENCODER_TYPES + DECODER_TYPES)})")
         causal = model_type in DECODER_TYPES and not _is_bidirectional(raw)
+        try:
+            kind = detect_kind(d, raw, kind)
+            activation = score_activation(raw, d) if kind == "cross-encoder" else "identity"
+        except ValueError as e:
+            raise ModelFolderError(str(e)) from None
+        if kind == "cross-encoder" and model_type not in ENCODER_TYPES:
+            raise ModelFolderError(f"{d}: a cross-encoder must be a BERT / XLM-R encoder, got {model_type!r}")
+        if kind == "qwen3-reranker" and (model_type != "qwen3" or not causal):
+            raise ModelFolderError(f"{d}: a Qwen3-Reranker must be a causal qwen3 model, got {model_type!r}")
         # Without a pooling config: CLS for encoders, last token for causal decoders (Qwen3-Embedding),
         # mean for bidirectional ones (pplx-embed).
         pooling, normalize = _read_pooling(
@@ -120,6 +145,10 @@ class ModelConfig:
         max_pos = raw.get("max_position_embeddings", 512)
         position_offset = raw.get("pad_token_id", 1) + 1 if model_type in ("xlm-roberta", "roberta") else 0
         max_len = _read_max_seq_length(d, max_pos - position_offset)
+        if kind == "cross-encoder":                   # the CLS token through the classifier head
+            pooling, normalize = "cls", False
+        elif kind == "qwen3-reranker":                # p(yes) at the last token; the card's max_length
+            pooling, normalize, max_len = "lasttoken", False, min(max_len, QWEN3_RERANKER_MAX_LENGTH)
         return cls(
             model_dir=d, model_type=model_type, vocab_size=raw["vocab_size"], hidden_size=hidden,
             num_layers=raw["num_hidden_layers"], num_heads=num_heads,
@@ -133,7 +162,7 @@ class ModelConfig:
             causal=causal,
             pooling=pooling, normalize=normalize,
             prompts=dict(st.get("prompts") or {}), default_prompt_name=st.get("default_prompt_name"),
-            raw=raw,
+            kind=kind, score_activation=activation, raw=raw,
         )
 
 

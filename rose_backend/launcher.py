@@ -35,6 +35,16 @@ from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, f
 
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 MODELS = ("tokenize", "rose", "embed")
+RERANK_MODELS = ("tokenize", "rose", "rerank")
+
+
+def served_models(model_dir: str | None, env: dict | None = None) -> tuple[str, ...]:
+    """The repository's models a folder is served with, by its kind (rose_backend/model_kind.py)."""
+    from rose_backend.config import ModelConfig, resolve_model_dir
+    env = os.environ if env is None else env
+    folder = model_dir or env.get("ROSE_MODEL_DIR") or None
+    kind = ModelConfig.from_folder(resolve_model_dir(folder), env.get("ROSE_MODEL_KIND") or None).kind
+    return MODELS if kind == "embedding" else RERANK_MODELS
 
 
 @dataclass
@@ -84,12 +94,17 @@ class TritonProcess:
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
-                 die_with_parent: bool = True, exit_timeout: int | None = None):
-        """die_with_parent: the server is SIGKILLed when the thread that start()ed it dies (keep
-        that thread alive as long as the server, e.g. start servers from the main thread).
-        exit_timeout: tritonserver's --exit-timeout-secs (default: the repository's
-        drain_timeout_s + 2, supervision.exit_timeout_for)."""
+                 models: tuple[str, ...] | None = None, die_with_parent: bool = True,
+                 exit_timeout: int | None = None):
+        """models: those to load (explicit model control). None: served_models() for the project's
+        repository, every model for any other (the benchmarks' baselines). die_with_parent: the
+        server is SIGKILLed when the thread that start()ed it dies (start servers from a thread that
+        outlives them, e.g. the main thread). exit_timeout: tritonserver's --exit-timeout-secs
+        (default: the repository's drain_timeout_s + 2, supervision.exit_timeout_for)."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
+        self.models = models
+        if models is None and (self.repository / "rose" / "config.pbtxt").exists():
+            self.models = served_models(model_dir, os.environ if env is None else env)
         self.die_with_parent = die_with_parent
         self.exit_timeout = exit_timeout_for(self.repository) if exit_timeout is None else exit_timeout
         self.ports, self.address = ports or Ports(), address
@@ -107,6 +122,8 @@ class TritonProcess:
                f"--exit-timeout-secs={self.exit_timeout}", f"--log-verbose={self.verbose}"]
         if install.backend_dir is not None:
             cmd.append(f"--backend-directory={install.backend_dir}")
+        if self.models:
+            cmd += ["--model-control-mode=explicit"] + [f"--load-model={m}" for m in self.models]
         return cmd + self.extra_args
 
     def check_ports(self) -> None:
@@ -143,7 +160,8 @@ class TritonProcess:
         except OSError:
             return 0
 
-    def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] = MODELS) -> None:
+    def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] | None = None) -> None:
+        models = models or self.models or MODELS
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -196,7 +214,6 @@ class TritonProcess:
         self.stop()
 
 
-
 def stop_all(servers: list[TritonProcess]) -> None:
     """Stop every server, all at once (each drains in parallel with the others)."""
     stoppers = [threading.Thread(target=s.stop) for s in servers]
@@ -219,11 +236,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="tritonserver processes to start, replica i on ports shifted by 10*i")
     p.add_argument("--gpus", default=os.environ.get("GPUS", ""),
                    help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
+    p.add_argument("--kind", default=os.environ.get("KIND", ""),
+                   help="model kind: auto (default: detected from the folder), embedding, cross-encoder, "
+                        "qwen3-reranker; a reranker serves `rerank` instead of `embed`")
     p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
     p.add_argument("--die-with-parent", action="store_true", default=bool(os.environ.get("MAKELEVEL")),
                    help="stop the servers when this launcher's parent dies (default under make: "
                         "`make serve` killed, even by SIGKILL, stops the servers)")
     args = p.parse_args(argv)
+    if args.kind:
+        os.environ["ROSE_MODEL_KIND"] = args.kind
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     replicas = len(gpus) if gpus else max(1, args.replicas)
@@ -259,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
             s.wait_ready()
         urls = ",".join(s.grpc_url for s in servers)
         from rose_backend.config import resolve_model_dir
+        reranker = "rerank" in (servers[0].models or ())
+        call = 'rerank("what is rose?", ["a flower", "a server"])' if reranker else 'embed(["hello world"]).shape'
         print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
-              f"{time.monotonic() - t0:.1f} s. Models: embed (text), tokenize, rose (token ids).\n"
-              f"  {client_command(urls)}\n"
+              f"{time.monotonic() - t0:.1f} s. Models: "
+              f"{'rerank (query, documents)' if reranker else 'embed (text)'}, tokenize, rose (token ids).\n"
+              f"  {client_command(urls, call)}\n"
               f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n",
               flush=True)
         while not stopping and all(s.proc.poll() is None for s in servers):
@@ -279,14 +304,15 @@ def main(argv: list[str] | None = None) -> int:
         stop_all(servers)
 
 
-def client_command(urls: str) -> str:
-    """A shell command that embeds one text through these servers: this interpreter (the virtual
-    environment `make serve` made, which has rose_client) with its full path, so that it works
-    from any shell; where rose_client is not installed here, how to install it first."""
+def client_command(urls: str, call: str = 'embed(["hello world"]).shape') -> str:
+    """A shell command that embeds one text (or makes another client `call`) through these servers:
+    this interpreter (the virtual environment `make serve` made, which has rose_client) with its
+    full path, so that it works from any shell; where rose_client is not installed here, how to
+    install it first."""
     import importlib.util
     import shlex
 
-    code = f'from rose_client import EmbeddingClient; print(EmbeddingClient("{urls}").embed(["hello world"]).shape)'
+    code = f'from rose_client import EmbeddingClient; print(EmbeddingClient("{urls}").{call})'
     cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
     if importlib.util.find_spec("rose_client") is None:
         return f"pip install {shlex.quote(str(REPO_ROOT / 'client'))}  &&  python -c {shlex.quote(code)}"

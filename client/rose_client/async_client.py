@@ -6,8 +6,9 @@ import asyncio
 import numpy as np
 
 from rose_client.client import EmbeddingClient
-from rose_client.dispatch import Job
+from rose_client.dispatch import Chunk, Job
 from rose_client.encoded import Ask, Encoded
+from rose_client.rerank import SCORES, pair_chunks, ranked
 
 
 class AsyncEmbeddingClient:
@@ -34,6 +35,14 @@ class AsyncEmbeddingClient:
     async def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
         return (await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists),
                                 Ask())).dense
+
+    async def rerank(self, query: str, documents: list[str], top_k: int | None = None,
+                     return_documents: bool = False, instruction: str | None = None):
+        """See EmbeddingClient.rerank."""
+        chunks = pair_chunks(self.sync, query, documents, instruction, Chunk)
+        scores = (await self._run(self.sync.rerank_model, chunks, len(documents), SCORES)) if chunks \
+            else np.zeros(0, np.float32)
+        return ranked(scores, list(documents), top_k, return_documents)
 
     def stats(self):
         return self.sync.stats()

@@ -30,6 +30,7 @@ import numpy as np
 from rose_client.chunking import TextTokenCounter, chunk_ranges, estimate_text_tokens
 from rose_client.dispatch import AllReplicasDown, Attempt, Chunk, Job  # noqa: F401 (AllReplicasDown: raised from here)
 from rose_client.encoded import Ask, Encoded
+from rose_client.rerank import SCORES, pair_chunks, ranked
 from rose_client.transport import StreamConnection
 
 
@@ -63,7 +64,8 @@ class _Replica:
 
 
 class EmbeddingClient:
-    """Client of the `embed` ensemble (texts) and the `rose` model (token ids) over gRPC streams.
+    """Client of the `embed` ensemble (texts), the `rose` model (token ids) and, for a reranker
+    deployment, the `rerank` ensemble (query + documents -> scores) over gRPC streams.
 
     urls: "host:port,host:port" or a list (one per replica). token_budget: tokens per chunk
     (default 2048). max_chunk_seqs: sequences per chunk. max_inflight_tokens: tokens outstanding per
@@ -74,12 +76,13 @@ class EmbeddingClient:
     """
 
     def __init__(self, urls: str | list[str], model: str = "embed", token_model: str = "rose",
-                 timeout: float = 300.0, token_budget: int = 2048, max_chunk_seqs: int = 512,
+                 rerank_model: str = "rerank", timeout: float = 300.0, token_budget: int = 2048, max_chunk_seqs: int = 512,
                  max_inflight_tokens: int = 32768, tokenizer: str | None = None,
                  max_text_tokens: int = 512, chunk_timeout: float = 120.0, retries: int = 4,
                  backoff: float = 0.1, max_backoff: float = 5.0, max_chunk_bytes: int = 16 << 20):
         self.urls = parse_urls(urls)
         self.model, self.token_model, self.timeout = model, token_model, timeout
+        self.rerank_model = rerank_model
         self.token_budget, self.max_chunk_seqs = token_budget, max_chunk_seqs
         self.max_inflight_tokens, self.max_chunk_bytes = max_inflight_tokens, max_chunk_bytes
         self.chunk_timeout, self.retries = chunk_timeout, max(1, retries)
@@ -113,6 +116,20 @@ class EmbeddingClient:
     def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
         """Embed pre-tokenized sequences (with the model's special tokens); float32 [n, D]."""
         return self._run_sync(self.token_model, self._token_chunks(token_lists), len(token_lists), Ask()).dense
+
+    def rerank(self, query: str, documents: list[str], top_k: int | None = None,
+               return_documents: bool = False, instruction: str | None = None):
+        """Score each document against the query with a reranker deployment (`rerank`).
+
+        Returns float32 [len(documents)] scores in document order; with top_k (or
+        return_documents), a list of (index, score) -- (index, score, document) with
+        return_documents -- best first, top_k long (all documents when top_k is None).
+        Large lists are chunked and spread over the replicas like embed(). instruction: the task
+        instruction of models that take one (Qwen3-Reranker)."""
+        chunks = pair_chunks(self, query, documents, instruction, Chunk)
+        scores = self._run_sync(self.rerank_model, chunks, len(documents), SCORES) if chunks \
+            else np.zeros(0, np.float32)
+        return ranked(scores, list(documents), top_k, return_documents)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Token counts used for chunking: exact with a tokenizer, else the bytes/4 + 2 estimate."""

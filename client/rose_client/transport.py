@@ -21,7 +21,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 _NP_TO_TRITON = {np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32",
-                 np.dtype(np.bool_): "BOOL"}
+                 np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "UINT8"}
 _TRITON_TO_NP = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "FP16": np.float16, "BOOL": np.bool_,
                  "INT8": np.int8, "UINT8": np.uint8}
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]

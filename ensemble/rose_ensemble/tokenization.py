@@ -65,21 +65,23 @@ class TextTokenizer:
             raise InputError(f"unknown task / prompt name {name!r}; this model knows: {known}")
         return self.prompts[name]
 
-    def decode_texts(self, raw: list[bytes] | np.ndarray) -> list[str]:
-        """BYTES elements -> str, refusing empty or invalid UTF-8 texts with their index.
-        A text longer than max_text_bytes is cut to that many bytes first (before decoding and
-        tokenizing, so a 10 MB string costs no more than a long one; a cut-off partial character
-        is dropped); truncation to max_seq_length tokens happens later in any case."""
+    def decode_texts(self, raw: list[bytes] | np.ndarray, name: str = "TEXT", allow_empty: bool = False) -> list[str]:
+        """BYTES elements -> str, refusing empty (unless allow_empty) or invalid UTF-8 texts with
+        their index; `name` is the input named in messages. A text longer than max_text_bytes is
+        cut to that many bytes first (before decoding and tokenizing, so a 10 MB string costs no
+        more than a long one; a cut-off partial character is dropped); truncation to
+        max_seq_length tokens happens later in any case."""
         if len(raw) == 0:
-            raise InputError("TEXT is empty: send at least one text")
+            raise InputError(f"{name} is empty: send at least one text")
         if self.max_texts and len(raw) > self.max_texts:
-            raise InputError(f"the request has {len(raw)} texts; the limit is max_request_texts={self.max_texts}")
+            what = "texts" if name == "TEXT" else name.lower()
+            raise InputError(f"the request has {len(raw)} {what}; the limit is max_request_texts={self.max_texts}")
         texts = []
         for i, b in enumerate(raw):
             if isinstance(b, str):
                 b = b.encode("utf-8")
-            if len(b) == 0:
-                raise InputError(f"TEXT[{i}] is an empty string")
+            if len(b) == 0 and not allow_empty:
+                raise InputError(f"{name}[{i}] is an empty string")
             cut = bool(self.max_text_bytes) and len(b) > self.max_text_bytes
             if cut:
                 b = b[: self.max_text_bytes]
@@ -88,7 +90,7 @@ class TextTokenizer:
             except UnicodeDecodeError as e:
                 # a cut may split the last character: drop those (at most 3) bytes, nothing else
                 if not (cut and e.start >= len(b) - 3 and e.reason == "unexpected end of data"):
-                    raise InputError(f"TEXT[{i}] is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                    raise InputError(f"{name}[{i}] is not valid UTF-8 ({e.reason} at byte {e.start})") from None
                 texts.append(b[: e.start].decode("utf-8"))
         return texts
 

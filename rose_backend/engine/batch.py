@@ -13,6 +13,7 @@ class PackedBatch:
     input_ids: np.ndarray            # [T] int32, sequences end to end, no padding
     seq_lens: np.ndarray             # [S] int32, each >= 1, summing to T
     token_outputs: frozenset = frozenset()   # subset of TOKEN_OUTPUTS, computed for every token
+    token_type_ids: np.ndarray | None = None   # [T] int32 segment ids (BERT cross-encoders), or None
 
     def __post_init__(self):
         if self.input_ids.ndim != 1 or self.seq_lens.ndim != 1:
@@ -22,6 +23,14 @@ class PackedBatch:
                              f"{self.input_ids.shape[0]} token ids")
         if not self.token_outputs <= set(TOKEN_OUTPUTS):
             raise ValueError(f"unknown token outputs {sorted(self.token_outputs - set(TOKEN_OUTPUTS))}")
+
+    def embedding_positions(self, type_stride: int) -> np.ndarray:
+        """positions() + token type * type_stride: the row of the position-and-segment table of
+        models that read segment ids (models/bert.py); plain positions when there are none."""
+        pos = self.positions()
+        if self.token_type_ids is None or not type_stride:
+            return pos
+        return (pos + self.token_type_ids.astype(np.int32) * np.int32(type_stride)).astype(np.int32)
 
     @property
     def num_tokens(self) -> int:

@@ -30,6 +30,7 @@ from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
 from rose_backend.models import build_model
+from rose_backend.models.heads import build_head
 from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
 
@@ -98,6 +99,8 @@ class Engine:
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
         self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
         self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
+        self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
+        self.type_stride = cfg.max_positions if cfg.uses_token_types else 0
         self._backends: dict[str, AttentionBackend] = {}
         if self.attention is not None:
             self._backend(self.attention)                     # fail early on a backend that cannot run
@@ -221,7 +224,9 @@ class Engine:
         v = self._views.get(key)
         if v is None:
             v = self._views[key] = DeviceViews(self._static, layout)
-        words = stage(batch, layout, slot.np, self.cfg.pad_token_id, self._arange)
+        types = batch.token_type_ids is not None and self.type_stride     # BERT segment ids: positions + type rows
+        words = stage(batch, layout, slot.np, self.cfg.pad_token_id, self._arange,
+                      batch.embedding_positions(self.type_stride) if types else None)
         self._static[:words].copy_(slot.staging[:words], non_blocking=True)
         if marks is not None:
             marks.append(("staged", time.perf_counter_ns()))
@@ -271,11 +276,14 @@ class Engine:
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
         cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
-        emb = pool(hidden, cu, v.seq, v.inv, self.cfg.pooling)                # [Sb + 1, H] float32
-        emb = maybe_normalize(emb, self.cfg.normalize)
+        emb = self._output(pool(hidden, cu, v.seq, v.inv, self.cfg.pooling))  # [Sb + 1, D] float32
         if not heads:
             return emb
         return (emb, *self.heads(hidden))                                     # + [Tb] f32, [Tb, Dc] f32
+
+    def _output(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Pooled [S, H] float32 -> embeddings [S, H] (normalized if the folder says) or scores [S, 1]."""
+        return self.head(pooled) if self.head is not None else maybe_normalize(pooled, self.cfg.normalize)
 
     def _run_unpadded(self, batch: PackedBatch, slot: Slot, heads: bool = False):
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
@@ -288,7 +296,7 @@ class Engine:
         lens = batch.seq_lens
         cu_np = batch.cu_seqlens()
         ids = torch.from_numpy(batch.input_ids.astype(np.int32)).to(dev)
-        positions = torch.from_numpy(batch.positions()).to(dev)
+        positions = torch.from_numpy(batch.embedding_positions(self.type_stride)).to(dev)
         cu_host = torch.from_numpy(cu_np)
         cu = cu_host.to(dev)
         seq_ids = torch.from_numpy(batch.seq_ids()).to(dev)
@@ -298,8 +306,7 @@ class Engine:
         be.plan(AttentionMetadata(cu, batch.max_seqlen, lens.tolist(), self.cfg.causal,
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
-        emb = pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling)           # [S, H] float32
-        emb = maybe_normalize(emb, self.cfg.normalize)
+        emb = self._output(pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling))   # [S, D] float32
         if not heads:
             return emb
         return (emb, *self.heads(hidden))                                     # + [T] f32, [T, Dc] f32
@@ -316,8 +323,9 @@ class Engine:
             for _ in range(2):
                 self.step(PackedBatch(ids, lens)).synchronize()
 
-    def embed(self, token_lists: list[list[int]]) -> np.ndarray:
-        """Convenience for tests and tools: token id lists -> [n, D] float32, in one batch."""
+    def embed(self, token_lists: list[list[int]], type_lists: list[list[int]] | None = None) -> np.ndarray:
+        """Tests and tools: token id (and segment id) lists -> [n, D] float32 ([n, 1] scores), one batch."""
         lens = np.array([len(t) for t in token_lists], dtype=np.int32)
         ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
-        return self.step(PackedBatch(ids, lens)).synchronize()
+        types = None if type_lists is None else np.concatenate([np.asarray(t, dtype=np.int32) for t in type_lists])
+        return self.step(PackedBatch(ids, lens, token_type_ids=types)).synchronize()

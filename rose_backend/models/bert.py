@@ -57,7 +57,9 @@ class BertEncoder(PackedModel):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         # Position table starting at position 0 of a sequence; XLM-R's pad offset and the
         # token-type-0 embedding are folded in at load time (one add instead of two, no gather).
-        self.embed_positions = nn.Embedding(cfg.max_positions, h)
+        # Models that read segment ids (BERT cross-encoders) get one block of rows per token type:
+        # row t * max_positions + p = position p + type t; the engine offsets positions to match.
+        self.embed_positions = nn.Embedding(cfg.max_positions * (cfg.type_vocab_size if cfg.uses_token_types else 1), h)
         self.embed_norm = AddLayerNorm(h, eps=cfg.norm_eps)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
 
@@ -73,17 +75,20 @@ class BertEncoder(PackedModel):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         qkv_parts: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
-        type0 = None
+        types = None
         for raw_name, w in iter_safetensors(model_dir):
             name = strip_prefix(raw_name, _PREFIXES)
-            if name.startswith(("pooler.", "lm_head", "cls.")) or name.endswith("position_ids"):
+            # heads (pooler, classifier) are loaded by models/heads.py
+            if name.startswith(("pooler.", "lm_head", "cls.", "classifier.")) or name.endswith("position_ids"):
                 continue
             if name == "embeddings.token_type_embeddings.weight":
-                type0 = w[0]
+                types = w
                 continue
             if name == "embeddings.position_embeddings.weight":
                 pos = w[cfg.position_offset:]
-                params["embed_positions.weight"][: pos.shape[0]].copy_(pos)
+                for block in range(params["embed_positions.weight"].shape[0] // cfg.max_positions):
+                    start = block * cfg.max_positions
+                    params["embed_positions.weight"][start:start + pos.shape[0]].copy_(pos)
                 loaded.add("embed_positions.weight")
                 continue
             parts = name.split(".")
@@ -101,8 +106,11 @@ class BertEncoder(PackedModel):
                 target = f"layers.{i}.qkv.{kind}"
                 params[target].copy_(torch.cat([qkv["query"], qkv["key"], qkv["value"]], dim=0))
                 loaded.add(target)
-        if type0 is not None:
-            params["embed_positions.weight"].add_(type0.to(params["embed_positions.weight"].device))
+        if types is not None:
+            table = params["embed_positions.weight"]
+            for block in range(table.shape[0] // cfg.max_positions):
+                start = block * cfg.max_positions
+                table[start:start + cfg.max_positions].add_(types[block].to(table.device))
         missing = sorted(set(params) - loaded)
         if missing:
             raise KeyError(f"{model_dir}: weights missing from the safetensors files: {missing[:8]}")

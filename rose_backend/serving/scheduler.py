@@ -29,6 +29,7 @@ class Request:
     is_cancelled: Callable[[], bool] | None = None
     token_outputs: frozenset = frozenset()       # token-level outputs asked for ("sparse", "colbert")
     options: Any = None                          # opaque to the pool (the serving layer's output options)
+    token_type_ids: np.ndarray | None = None     # [T] int32 segment ids (BERT cross-encoders), or None
     offsets: np.ndarray = field(init=False)      # [S + 1] start of each sequence in input_ids
     next_seq: int = field(init=False, default=0)     # first sequence not yet scheduled
     remaining: int = field(init=False)               # sequences not yet computed
@@ -77,7 +78,11 @@ class ScheduledBatch:
                               for p in self.pieces])
         lens = np.concatenate([p.request.seq_lens[p.first:p.last] for p in self.pieces])
         wanted = frozenset().union(*(p.request.token_outputs for p in self.pieces))
-        return PackedBatch(ids.astype(np.int32, copy=False), lens.astype(np.int32, copy=False), wanted)
+        types = None
+        if any(p.request.token_type_ids is not None for p in self.pieces):
+            types = np.concatenate([_types(p.request)[p.request.offsets[p.first]:p.request.offsets[p.last]]
+                                    for p in self.pieces]).astype(np.int32, copy=False)
+        return PackedBatch(ids.astype(np.int32, copy=False), lens.astype(np.int32, copy=False), wanted, types)
 
     def requests(self) -> list[Request]:
         return [p.request for p in self.pieces]
@@ -121,6 +126,10 @@ class ScheduledBatch:
                 first.append(Piece(p.request, p.first, mid, p.row))
                 second.append(Piece(p.request, mid, p.last, 0))
         return ScheduledBatch.of(first), ScheduledBatch.of(second)
+
+
+def _types(r: Request) -> np.ndarray:
+    return r.token_type_ids if r.token_type_ids is not None else np.zeros(r.num_tokens, dtype=np.int32)
 
 
 class Scheduler:

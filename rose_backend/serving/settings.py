@@ -74,6 +74,9 @@ class RoseSettings(_Settings):
     """Parameters of `rose` (token ids -> embeddings), all optional:
 
     model_dir            Hugging Face folder (default "": $ROSE_MODEL_DIR, else the default model)
+    model_kind           auto | embedding | cross-encoder | qwen3-reranker (default "": $ROSE_MODEL_KIND,
+                         else detected from the folder, rose_backend/model_kind.py); a reranker
+                         answers SCORES instead of EMBEDDINGS
     device               auto | cpu | cuda (default auto: the instance kind Triton assigns)
     dtype                float32 | bfloat16 | float16 (default "": bfloat16 on GPU, float32 on CPU)
     attention            attention backend name (default "": the engine's choice per configuration)
@@ -110,6 +113,7 @@ class RoseSettings(_Settings):
                "gpu_memory_headroom_mb": 0}
 
     model_dir: str = ""
+    model_kind: str = ""
     device: str = "auto"
     dtype: str = ""
     attention: str = ""
@@ -160,6 +164,8 @@ class TokenizeSettings(_Settings):
     """Parameters of `tokenize` (texts -> token ids), all optional:
 
     model_dir            Hugging Face folder (default "": $ROSE_MODEL_DIR, else the default model)
+    model_kind           auto | embedding | cross-encoder | qwen3-reranker (default "": $ROSE_MODEL_KIND,
+                         else detected from the folder); a reranker also tokenizes QUERY + DOCUMENTS pairs
     prompts              JSON {"name": "prefix"}, added to (or overriding) the prompts of the folder's
                          config_sentence_transformers.json (default "": the folder's own)
     fallback_prompts     JSON {"name": "prefix"} for prompt names the folder does not define itself
@@ -171,12 +177,14 @@ class TokenizeSettings(_Settings):
     max_seq_length       tokens kept per text, 0 = the model's (default 0)
     max_text_bytes       texts are cut to this many bytes before tokenizing, so a huge string costs
                          no more than a long one (default 65536)
-    max_request_texts    texts per request; more is refused with an error naming the limit (default 4096)
+    max_request_texts    texts (for pairs: documents) per request; more is refused with an error
+                         naming the limit (default 4096)
     """
     MODEL = "tokenize"
     MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1}
 
     model_dir: str = ""
+    model_kind: str = ""
     prompts: str = ""
     fallback_prompts: str = '{"query": "", "passage": ""}'
     default_prompt_name: str = ""

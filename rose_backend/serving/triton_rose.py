@@ -1,5 +1,8 @@
 """The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS (+ DIMENSIONS, ENCODING) -> EMBEDDINGS
 (+ SPARSE_IDS, SPARSE_WEIGHTS, SPARSE_LENS, COLBERT, COLBERT_LENS when asked for: serving/outputs.py).
+A reranker folder (rose_backend/model_kind.py) answers SCORES [S] instead, one score per
+query-document pair (the sequences are the pairs, tokenized by `tokenize`); TOKEN_TYPE_IDS
+(optional, INT32 beside INPUT_IDS) carries BERT cross-encoders' segment ids (zeros elsewhere).
 
 execute() validates each request, admits it into the EmbeddingService pool and returns None; the
 service's loop thread batches, runs the engine and calls back here to send each request exactly
@@ -32,7 +35,7 @@ from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.triton_interop import check_numpy_interop
-from rose_backend.serving.validation import RequestLimits, validate_tokens
+from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
 
 log = logging.getLogger("rose")
@@ -45,7 +48,8 @@ class RoseModel:
         watch_parent("rose")        # exit with the server, even if the stub's own exit deadlocks
         try:
             s = RoseSettings.from_model_config(args["model_config"])
-            cfg = ModelConfig.from_folder(resolve_model_dir(s.model_dir or None))
+            cfg = ModelConfig.from_folder(resolve_model_dir(s.model_dir or None), s.model_kind or None)
+            self.output_name = "SCORES" if cfg.is_reranker else "EMBEDDINGS"
             device = self._device(s.device, args, torch)
             dtype = getattr(torch, s.torch_dtype_name) if s.torch_dtype_name else None
             from rose_backend.engine.engine import Engine
@@ -62,7 +66,8 @@ class RoseModel:
             log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
             cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
-                                        max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens)
+                                        max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens,
+                                        type_vocab_size=cfg.type_vocab_size if cfg.uses_token_types else 1)
             inline = s.inline_execute
             if inline == "auto":
                 inline = "true" if self.engine.device.type == "cuda" else "false"
@@ -79,7 +84,7 @@ class RoseModel:
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
-        log.info("rose: %s on %s, %d-dim embeddings, pooling=%s normalize=%s", cfg.model_dir, device,
+        log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
         gc.collect()
         gc.freeze()      # start-up objects (weights' modules, tables) leave the collector's scans
@@ -102,12 +107,16 @@ class RoseModel:
             try:
                 ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
                 lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
+                types = pb_utils.get_input_tensor_by_name(request, "TOKEN_TYPE_IDS")
                 ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
                 t1 = time.perf_counter_ns() if clock is not None else 0
                 input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
-                opts = self._options(request)
+                token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
+                                                   self.limits)
+                opts = None if self.output_name == "SCORES" else self._options(request)
                 r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
-                            token_outputs=opts.token_outputs, options=opts)
+                            token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
+                            token_type_ids=token_types)
                 if clock is not None:
                     r.marks += [("received", t0), ("inputs_read", t1), ("validated", time.perf_counter_ns())]
                 self.service.submit(r)
@@ -142,7 +151,8 @@ class RoseModel:
     def _respond(self, r: Request) -> None:
         if r.error is None:
             try:
-                outputs = build_outputs(r, r.options or _DENSE, self.normalize, self.ranges, self.skip_ids)
+                outputs = [("SCORES", r.output[:, 0].copy())] if self.output_name == "SCORES" else \
+                    build_outputs(r, r.options or _DENSE, self.normalize, self.ranges, self.skip_ids)
             except Exception as e:
                 log.exception("rose: building the outputs of a request failed")
                 r.error = f"building the outputs failed: {type(e).__name__}: {e}"

@@ -12,6 +12,7 @@ class RequestLimits:
     vocab_size: int
     max_request_seqs: int = 4096
     max_request_tokens: int = 1 << 20
+    type_vocab_size: int = 1          # segment ids the model reads (2 for BERT cross-encoders; 1: only 0)
 
 
 def validate_tokens(input_ids: np.ndarray | None, seq_lens: np.ndarray | None,
@@ -48,3 +49,22 @@ def validate_tokens(input_ids: np.ndarray | None, seq_lens: np.ndarray | None,
         i = int(np.flatnonzero((input_ids < 0) | (input_ids >= limits.vocab_size))[0])
         raise ValueError(f"INPUT_IDS[{i}] = {input_ids[i]} is outside the vocabulary [0, {limits.vocab_size})")
     return np.ascontiguousarray(input_ids), np.ascontiguousarray(seq_lens)
+
+
+def validate_token_types(token_type_ids: np.ndarray | None, num_tokens: int,
+                         limits: RequestLimits) -> np.ndarray | None:
+    """TOKEN_TYPE_IDS (optional): int32 [T] beside INPUT_IDS, each in [0, type_vocab_size).
+    Returns None when absent or when the model reads no segment ids (then they must all be 0)."""
+    if token_type_ids is None:
+        return None
+    types = token_type_ids.reshape(-1)
+    if types.dtype != np.int32:
+        raise ValueError(f"TOKEN_TYPE_IDS must be INT32, got {types.dtype}")
+    if types.size != num_tokens:
+        raise ValueError(f"TOKEN_TYPE_IDS holds {types.size} ids but INPUT_IDS holds {num_tokens}")
+    bad = np.flatnonzero((types < 0) | (types >= limits.type_vocab_size))
+    if bad.size:
+        i = bad[0]
+        raise ValueError(f"TOKEN_TYPE_IDS[{i}] = {types[i]} is outside [0, {limits.type_vocab_size}) "
+                         "(this model's segment ids)")
+    return np.ascontiguousarray(types) if limits.type_vocab_size > 1 else None
