@@ -3,6 +3,7 @@
 # Variables: MODEL=<HF folder>  KIND=auto|embedding|cross-encoder|qwen3-reranker  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
 #            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)  API_KEY=...
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
+#            ROSE_CACHE_DIR=~/.cache/rose (persistent compile caches: flashinfer JIT, Triton kernels)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -17,6 +18,7 @@ MODEL ?=
 KIND ?=
 GPUS ?=
 PYTEST_ARGS ?=
+ROSE_CACHE_DIR ?= $(HOME)/.cache/rose
 
 .PHONY: serve test test-gpu install clean
 
@@ -40,8 +42,9 @@ $(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e "./client[cli,tokenizer]"
 	@touch $@
 
+# exec: the launcher's parent is make itself, so killing make (even SIGKILL) stops the servers
 serve: install
-	$(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
+	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" exec $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)")

@@ -29,6 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, cache_env, check_ports_free, die_with_parent,
+                                      exit_timeout_for, set_parent_death_signal)
 from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, find_triton, server_env, stub_site
 
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
@@ -92,13 +94,19 @@ class TritonProcess:
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
-                 models: tuple[str, ...] | None = None):
+                 models: tuple[str, ...] | None = None, die_with_parent: bool = True,
+                 exit_timeout: int | None = None):
         """models: those to load (explicit model control). None: served_models() for the project's
-        repository, every model for any other (the benchmarks' baselines)."""
+        repository, every model for any other (the benchmarks' baselines). die_with_parent: the
+        server is SIGKILLed when the thread that start()ed it dies (start servers from a thread that
+        outlives them, e.g. the main thread). exit_timeout: tritonserver's --exit-timeout-secs
+        (default: the repository's drain_timeout_s + 2, supervision.exit_timeout_for)."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.models = models
         if models is None and (self.repository / "rose" / "config.pbtxt").exists():
             self.models = served_models(model_dir, os.environ if env is None else env)
+        self.die_with_parent = die_with_parent
+        self.exit_timeout = exit_timeout_for(self.repository) if exit_timeout is None else exit_timeout
         self.ports, self.address = ports or Ports(), address
         self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
         self.proc: subprocess.Popen | None = None
@@ -111,19 +119,29 @@ class TritonProcess:
                f"--http-address={self.address}", f"--metrics-address={self.address}",
                # each server's Python-backend shared memory regions get their own names
                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-               "--exit-timeout-secs=30", f"--log-verbose={self.verbose}"]
+               f"--exit-timeout-secs={self.exit_timeout}", f"--log-verbose={self.verbose}"]
         if install.backend_dir is not None:
             cmd.append(f"--backend-directory={install.backend_dir}")
         if self.models:
             cmd += ["--model-control-mode=explicit"] + [f"--load-model={m}" for m in self.models]
         return cmd + self.extra_args
 
+    def check_ports(self) -> None:
+        """LaunchError naming the port if one of this server's ports is already taken."""
+        try:
+            check_ports_free(self.address, {"gRPC": self.ports.grpc, "HTTP": self.ports.http,
+                                            "metrics": self.ports.metrics})
+        except PortInUse as e:
+            raise LaunchError(str(e)) from None
+
     def start(self) -> "TritonProcess":
+        self.check_ports()
         install = find_triton()
-        env = server_env(self.model_dir, install, self.env)
+        env = cache_env(server_env(self.model_dir, install, self.env))
         out = open(self.log_file, "ab") if self.log_file else None
         self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None, cwd=stub_site(env),
-                                     stderr=subprocess.STDOUT if out else None, start_new_session=True)
+                                     stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                                     preexec_fn=die_with_parent if self.die_with_parent else None)
         if out:
             out.close()
         return self
@@ -156,20 +174,22 @@ class TritonProcess:
         raise LaunchError(f"tritonserver was not ready within {timeout:.0f} s"
                           + (f"; see {self.log_file}" if self.log_file else ""))
 
-    def stop(self, timeout: float = 40.0) -> int | None:
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, then SIGKILL to the server's process group if it has not exited `timeout`
+        seconds later (default: its exit timeout + 2 s, i.e. drain_timeout_s + 5 s); then remove
+        whatever of it is left (a stub, a stub's /dev/shm segment). Returns the exit code."""
+        timeout = self.exit_timeout + KILL_MARGIN_S if timeout is None else timeout
         if self.proc is None:
             return None
-        if self.proc.poll() is not None:          # exited (or was killed) already: its stubs may not have
-            self._reap()
-            return self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)      # tritonserver drains in-flight requests, then exits
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait()
-        finally:
-            self._reap()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)      # tritonserver drains in-flight requests, then exits
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._reap()
+        return self.proc.returncode
 
     def _reap(self) -> None:
         """After tritonserver has exited: a Python stub it left behind (one whose model did not unload
@@ -236,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
     p.add_argument("--gateway-port", type=int, default=int(os.environ.get("GATEWAY_PORT") or 8080),
                    help="port of the OpenAI-compatible HTTP gateway (default 8080; 0: no gateway)")
+    p.add_argument("--die-with-parent", action="store_true", default=bool(os.environ.get("MAKELEVEL")),
+                   help="stop the servers when this launcher's parent dies (default under make: "
+                        "`make serve` killed, even by SIGKILL, stops the servers)")
     args = p.parse_args(argv)
     if args.kind:
         os.environ["ROSE_MODEL_KIND"] = args.kind
@@ -259,9 +282,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if args.die_with_parent:                    # e.g. `make serve` killed: stop the servers cleanly
+        parent = os.getppid()
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != parent:
+            return 1
     t0 = time.monotonic()
     gateway = None
     try:
+        for s in servers:
+            s.check_ports()                     # every replica's ports, before anything starts
         for s in servers:
             s.start()
         for s in servers:

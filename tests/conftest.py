@@ -76,3 +76,21 @@ def client(server):
     c = EmbeddingClient(server.grpc_url)
     yield c
     c.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if it leaves a tritonserver, a stub or a /dev/shm/rose_* segment behind
+    (only what this session started: tests/leftovers.py). Stubs get 10 s to notice a dead server."""
+    import leftovers
+    procs, segs = leftovers.wait_gone(timeout=10.0)
+    if not procs and not segs:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["the test session left behind:"] + [f"  process {pid}: {cmd[:200]}" for pid, cmd in procs.items()]
+    lines += [f"  /dev/shm/{name}" for name in segs]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    else:
+        print("\n".join(lines))
+    leftovers.remove(procs, segs)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -25,7 +25,8 @@ from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports,
 LOG_DIR = Path(__file__).resolve().parent / ".logs"
 # Seconds tritonserver waits at SIGTERM for in-flight work and model unloads. A test server is stopped
 # with nothing in flight, and a server that has run the `embed` ensemble may otherwise wait the whole
-# 30 s of the launcher's default (docs/OPERATIONS.md); tests of draining pass exit_timeout=None.
+# drain_timeout_s + 2 s of the launcher's default (docs/OPERATIONS.md); tests of draining pass
+# exit_timeout=None (the repository's).
 TEST_EXIT_TIMEOUT_S = 5
 _counter = itertools.count(1)
 
@@ -47,8 +48,7 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
             for _ in range(n):
                 log = LOG_DIR / f"{name}-{next(_counter)}.log"
                 log.unlink(missing_ok=True)
-                extra = [] if exit_timeout is None else [f"--exit-timeout-secs={exit_timeout}"]
-                servers.append(TritonProcess(model_dir, repo, free_ports(), log_file=log, extra_args=extra,
+                servers.append(TritonProcess(model_dir, repo, free_ports(), log_file=log, exit_timeout=exit_timeout,
                                              env={**os.environ, **(env or {})}).start())
             for s in servers:
                 s.wait_ready(timeout)

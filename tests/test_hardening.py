@@ -433,8 +433,10 @@ def test_sigterm_answers_requests_in_flight_then_exits():
     after the signal get an explicit error at once, and the server exits soon after (clients close
     their streams once answered; see docs/OPERATIONS.md for streams left open)."""
     from server import running_server
-    with running_server(params={"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8"}}, name="sigterm",
-                        exit_timeout=None) as srv:
+    # a drain time the in-flight work fits in even on a loaded CPU: the stop is bounded by
+    # drain_timeout_s + 2 s (tests/test_supervision.py), and this test is about answering everything
+    params = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8", "drain_timeout_s": "60"}}
+    with running_server(params=params, name="sigterm", exit_timeout=None) as srv:
         conns = [StreamConnection(srv.grpc_url) for _ in range(4)]
         try:
             futs = [conns[i % 4].infer("rose", rose_inputs(np.full(1024, 2000 + i, np.int32), np.full(8, 128, np.int32)))

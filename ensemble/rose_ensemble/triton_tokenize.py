@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
+from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.settings import TokenizeSettings
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.triton_interop import check_numpy_interop
@@ -28,6 +29,7 @@ class _Timed:
 class TokenizeModel:
     def initialize(self, args):
         check_numpy_interop(pb_utils, "tokenize")
+        watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
         try:
             s = TokenizeSettings.from_model_config(args["model_config"])
             model_dir = resolve_model_dir(s.model_dir or None)

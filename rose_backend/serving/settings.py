@@ -15,6 +15,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from rose_backend.serving.warmup import parse_precapture
+
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -81,8 +83,16 @@ class RoseSettings(_Settings):
     max_batch_tokens     token budget of one forward pass (default 16384)
     max_batch_seqs       sequence cap of one forward pass (default 64)
     max_inflight         batches launched but not yet collected (default 2)
-    precapture           "seqs:tokens,..." configurations whose CUDA graphs are captured at start-up
-                         (default "": every configuration is captured lazily on its second sight)
+    precapture           "seqs:tokens,..." configurations warmed up in initialize() (kernels compiled,
+                         CUDA graphs captured) before the model reports READY, or "none"; fitted to
+                         the model's positions and the batch limits; other configurations are
+                         captured lazily on their second sight (default "": on a GPU
+                         warmup.DEFAULT_GPU_PRECAPTURE, single sequences of 64..512 tokens and
+                         batches up to 16384 tokens; on the CPU one tiny batch)
+    cuda_graphs          auto | on | off: off runs every batch eagerly (default auto: on for CUDA)
+    gpu_memory_headroom_mb  after warm-up, cap this process's CUDA memory at what it holds plus this
+                         many MiB, so bigger batches run out of memory and are split and retried: a
+                         knob to force out-of-memory in tests and soaks, 0 = no cap (default 0)
     max_queued_tokens    tokens waiting in the pool before new requests are refused as
                          overloaded, 0 = unbounded (default 1048576)
     max_request_seqs     sequences per request (default 4096)
@@ -99,7 +109,8 @@ class RoseSettings(_Settings):
     """
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "max_queued_tokens": 0,
-               "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0}
+               "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
+               "gpu_memory_headroom_mb": 0}
 
     model_dir: str = ""
     model_kind: str = ""
@@ -115,6 +126,8 @@ class RoseSettings(_Settings):
     max_request_tokens: int = 1 << 20
     drain_timeout_s: int = 20
     inline_execute: str = "auto"
+    cuda_graphs: str = "auto"
+    gpu_memory_headroom_mb: int = 0
     quantization_ranges: str = ""
 
     def __post_init__(self):
@@ -124,6 +137,8 @@ class RoseSettings(_Settings):
         if self.inline_execute not in ("auto", "true", "false"):
             raise ValueError(f"model 'rose': parameter 'inline_execute' must be auto, true or false, "
                              f"got {self.inline_execute!r}")
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"model 'rose': parameter 'cuda_graphs' must be auto, on or off, got {self.cuda_graphs!r}")
         if self.dtype and self.dtype not in DTYPES:
             raise ValueError(f"model 'rose': parameter 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         self.precapture_configs       # parses, or says what is wrong
@@ -135,16 +150,13 @@ class RoseSettings(_Settings):
 
     @property
     def precapture_configs(self) -> list[tuple[int, int]]:
-        """`precapture` as [(seqs, tokens), ...]."""
-        out = []
-        for item in filter(None, (v.strip() for v in self.precapture.split(","))):
-            try:
-                seqs, tokens = (int(x) for x in item.split(":"))
-            except ValueError:
-                raise ValueError(f"model 'rose': parameter 'precapture' takes seqs:tokens pairs like "
-                                 f"1:128,8:4096; got {item!r}") from None
-            out.append((seqs, tokens))
-        return out
+        """`precapture` as [(seqs, tokens), ...] ([] for "" and "none"; see warmup.precapture_plan)."""
+        return parse_precapture(self.precapture)
+
+    @property
+    def graphs(self) -> bool | None:
+        """`cuda_graphs` for the Engine: None (its default), True or False."""
+        return None if self.cuda_graphs == "auto" else self.cuda_graphs == "on"
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,14 @@ import triton_python_backend_utils as pb_utils
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.outputs import OutputOptions, build_outputs, load_ranges, parse_options, special_token_ids
+from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.triton_interop import check_numpy_interop
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
+from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
 
 log = logging.getLogger("rose")
 
@@ -43,6 +45,7 @@ class RoseModel:
         import torch   # loaded here so that importing this module stays cheap
 
         check_numpy_interop(pb_utils, "rose")
+        watch_parent("rose")        # exit with the server, even if the stub's own exit deadlocks
         try:
             s = RoseSettings.from_model_config(args["model_config"])
             cfg = ModelConfig.from_folder(resolve_model_dir(s.model_dir or None), s.model_kind or None)
@@ -54,7 +57,14 @@ class RoseModel:
                 cfg, device=device, dtype=dtype, attention=s.attention or None,
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
                 max_tokens=max(s.max_batch_tokens, cfg.max_positions), max_seqs=s.max_batch_seqs,
-                max_inflight=s.max_inflight, precapture=s.precapture_configs)
+                max_inflight=s.max_inflight, graphs=s.graphs)
+            warm = precapture_plan(s.precapture, self.engine.device.type == "cuda",
+                                   max_tokens=max(s.max_batch_tokens, cfg.max_positions),
+                                   max_seqs=s.max_batch_seqs, max_len=cfg.max_positions)
+            t0 = time.perf_counter()
+            self.engine.precapture(warm)            # before READY: kernels compiled, graphs captured
+            log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
+            cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
                                         max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens,
                                         type_vocab_size=cfg.type_vocab_size if cfg.uses_token_types else 1)

@@ -1,0 +1,153 @@
+"""Ready means ready: launch -> READY, then each configuration's first request vs its steady p50.
+
+    python benchmarks/readiness_bench.py                                   # CPU, the default model
+    python benchmarks/readiness_bench.py --shape pplx-embed --device cuda  # random-weight folder
+    python benchmarks/readiness_bench.py --model /models/bge-m3 --variants default,none
+
+For every precapture variant (`default`: the server's default warm-up list; `none`: no warm-up; or
+an explicit "seqs:tokens,..." list) and every launch (`cold`: an empty compile-cache folder, so
+flashinfer / Triton kernels compile; `warm`: the same folder again, as a restart on the same machine)
+it starts a real tritonserver through the launcher's TritonProcess, measures launch -> READY, then
+for each request shape (SEQSxTOKENS, token ids straight to `rose` over a gRPC stream) the latency
+of the first request after READY and the steady p50 of `--steady` more, and the ratio (the issue's
+goal: first <= 3x steady p50), and finally the SIGTERM -> exit time. Prints a table and writes JSON
+(command, git commit, machine, date) to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "client", ROOT / "ensemble"):
+    sys.path.insert(0, str(p))
+
+from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy  # noqa: E402
+from rose_client import StreamConnection  # noqa: E402
+from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
+
+
+def parse_shapes(value: str) -> list[tuple[int, int]]:
+    out = []
+    for item in filter(None, (v.strip() for v in value.split(","))):
+        seqs, tokens = item.lower().split("x")
+        out.append((int(seqs), int(tokens)))
+    return out
+
+
+def model_folder(args, work: Path) -> Path | None:
+    if args.model:
+        return Path(args.model).expanduser().resolve()
+    if args.shape:
+        from rose_backend.testing.folders import make_folder
+        return make_folder(args.shape, work / args.shape, device="cuda" if args.device == "cuda" else "cpu")
+    return None                                                   # the default model
+
+
+def vocab_size(folder: Path | None) -> int:
+    from rose_backend.config import ModelConfig
+    return ModelConfig.from_folder(folder).vocab_size
+
+
+def request(rng, seqs: int, tokens: int, vocab: int):
+    lens = np.full(seqs, tokens // seqs, np.int32)
+    lens[: tokens % seqs] += 1
+    ids = rng.integers(100, vocab - 1, size=int(lens.sum()), dtype=np.int32)
+    return [("INPUT_IDS", ids), ("SEQ_LENS", lens)]
+
+
+def one_launch(folder, repo: Path, cache: Path, shapes, steady: int, vocab: int, log_file: Path) -> dict:
+    import os
+    env = {**os.environ, "ROSE_CACHE_DIR": str(cache)}
+    srv = TritonProcess(str(folder) if folder else None, repo, free_ports(), log_file=log_file, env=env)
+    t0 = time.monotonic()
+    srv.start()
+    rows = []
+    try:
+        srv.wait_ready(1800)
+        ready_s = time.monotonic() - t0
+        rng = np.random.default_rng(0)
+        conn = StreamConnection(srv.grpc_url)
+        try:
+            for seqs, tokens in shapes:
+                times = []
+                for _ in range(steady + 1):
+                    inputs = request(rng, seqs, tokens, vocab)
+                    t = time.perf_counter()
+                    conn.infer("rose", inputs).result(600)
+                    times.append((time.perf_counter() - t) * 1e3)
+                p50 = float(np.median(times[1:]))
+                rows.append({"shape": f"{seqs}x{tokens}", "first_ms": round(times[0], 2), "steady_p50_ms": round(p50, 2),
+                             "ratio": round(times[0] / p50, 2)})
+        finally:
+            conn.close()
+    finally:
+        t_stop = time.monotonic()
+        code = srv.stop()
+        stop_s = time.monotonic() - t_stop
+    return {"ready_s": round(ready_s, 2), "stop_s": round(stop_s, 2), "exit_code": code, "shapes": rows}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="Hugging Face model folder (default: the default model)")
+    p.add_argument("--shape", help="instead: a random-weight folder of this shape (bge-m3, pplx-embed, tiny-bert)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where --shape folders are made")
+    p.add_argument("--shapes", default="1x16,1x64,1x512,8x512,32x4096", help="request shapes SEQSxTOKENS")
+    p.add_argument("--steady", type=int, default=20, help="requests per shape after the first")
+    p.add_argument("--variants", default="default", help="precapture variants: default, none, or seqs:tokens lists (;-separated)")
+    p.add_argument("--launches", default="cold,warm", help="cold (empty compile cache) and/or warm (the same cache again)")
+    p.add_argument("--workdir", default=None, help="folder for model folders, caches and logs (default: a temp dir)")
+    p.add_argument("--out", default="benchmarks/results/readiness.json")
+    args = p.parse_args(argv)
+
+    t_start = time.monotonic()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="rose-readiness-"))
+    work.mkdir(parents=True, exist_ok=True)
+    folder = model_folder(args, work)
+    vocab = vocab_size(folder)
+    shapes = parse_shapes(args.shapes)
+    result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+              "git": git_commit(None), "machine": host_info(args.device),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "model": str(folder or "default"), "runs": []}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    variants = [v.strip() for v in (args.variants.split(";") if ";" in args.variants else args.variants.split(",")) if v.strip()]
+    for variant in variants:
+        params = {} if variant == "default" else {"rose": {"precapture": variant}}
+        repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{len(result['runs'])}", params)
+        cache = work / f"cache-{len(result['runs'])}"
+        for launch in [x.strip() for x in args.launches.split(",") if x.strip()]:
+            if launch == "cold":
+                import shutil
+                shutil.rmtree(cache, ignore_errors=True)
+            run = one_launch(folder, repo, cache, shapes, args.steady, vocab,
+                             work / f"server-{len(result['runs'])}-{launch}.log")
+            run.update(variant=variant, launch=launch)
+            result["runs"].append(run)
+            save_json(out, result, t_start)
+            print(table([run]), flush=True)
+    print("\n" + table(result["runs"]))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def table(runs: list[dict]) -> str:
+    lines = [f"{'variant':<10} {'launch':<6} {'ready s':>8} {'stop s':>7} {'shape':>9} {'first ms':>9} {'p50 ms':>8} {'first/p50':>9}"]
+    for r in runs:
+        for i, s in enumerate(r["shapes"]):
+            head = (f"{r['variant'][:10]:<10} {r['launch']:<6} {r['ready_s']:>8.1f} {r['stop_s']:>7.1f}" if i == 0
+                    else " " * 33)
+            lines.append(f"{head} {s['shape']:>9} {s['first_ms']:>9.1f} {s['steady_p50_ms']:>8.1f} {s['ratio']:>9.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
