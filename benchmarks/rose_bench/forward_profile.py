@@ -26,24 +26,13 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.testing.folders import make_folder as _make_folder
+from rose_bench.engine_bench import events_ms
 
 CONFIGS = [(1, 128), (1, 512), (1, 4096), (100, 512)]
 
 
 def make_folder(name: str, root: Path) -> Path:
     return _make_folder(name, root / name, device="cuda")
-
-
-def replay_ms(fn, reps: int = 20) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return float(np.median(out))
 
 
 def kernel_table(fn, reps: int = 3) -> dict:
@@ -72,7 +61,7 @@ def cell(eng: Engine, ref: Engine, s: int, n: int, rng, profile: bool) -> dict:
     if eng.graphs.entries[key].state != "captured":
         raise RuntimeError(f"{key} was not captured")
     graph = lambda: eng.graphs.replay(key)    # noqa: E731
-    out = {"key": list(key), "backend": eng.backend_for(*key[:2]), "graph_ms": round(replay_ms(graph), 4)}
+    out = {"key": list(key), "backend": eng.backend_for(*key[:2]), "graph_ms": round(events_ms(graph, 20), 4)}
     want = ref.step(b).synchronize()
     a = got / np.linalg.norm(got, axis=1, keepdims=True)
     w = want / np.linalg.norm(want, axis=1, keepdims=True)
