@@ -20,7 +20,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.layers.activation import linear_act
 from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddLayerNorm
-from rose_backend.loading import iter_safetensors, strip_prefix
+from rose_backend.loading import PackedLoader, iter_safetensors, strip_prefix
 from rose_backend.models.packed import PackedModel
 
 _PREFIXES = ("bert.", "roberta.", "model.", "0.auto_model.")
@@ -72,9 +72,9 @@ class BertEncoder(PackedModel):
     @torch.no_grad()
     def load_from_folder(self, model_dir: Path) -> None:
         cfg = self.cfg
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        qkv_parts: dict[int, dict[str, dict[str, torch.Tensor]]] = {}
+        h = cfg.hidden_size
+        loader = PackedLoader(self, model_dir, lambda n: (
+            {"q": (0, h), "k": (h, h), "v": (2 * h, h)} if ".qkv." in n else {None: (0, 0)}))
         types = None
         for raw_name, w in iter_safetensors(model_dir):
             name = strip_prefix(raw_name, _PREFIXES)
@@ -85,35 +85,26 @@ class BertEncoder(PackedModel):
                 types = w
                 continue
             if name == "embeddings.position_embeddings.weight":
-                pos = w[cfg.position_offset:]
-                for block in range(params["embed_positions.weight"].shape[0] // cfg.max_positions):
-                    start = block * cfg.max_positions
-                    params["embed_positions.weight"][start:start + pos.shape[0]].copy_(pos)
-                loaded.add("embed_positions.weight")
+                table, pos = loader.target("embed_positions.weight", raw_name), w[cfg.position_offset:]
+                for start in range(0, table.shape[0], cfg.max_positions):    # one block per token type
+                    table[start:start + pos.shape[0]].copy_(pos)
                 continue
             parts = name.split(".")
             if parts[0] == "encoder" and parts[3:5] == ["attention", "self"]:   # encoder.layer.<i>.attention.self.<q|k|v>.<w|b>
-                i, which, kind = int(parts[2]), parts[5], parts[6]
-                qkv_parts.setdefault(i, {}).setdefault(kind, {})[which] = w
+                loader.copy(f"layers.{parts[2]}.qkv.{parts[6]}", w, _QKV[parts[5]], raw_name)
                 continue
             target = _map_name(name)
             if target is None:
                 raise KeyError(f"{model_dir}: unexpected weight {raw_name!r} for a {cfg.model_type} model")
-            params[target].copy_(w)
-            loaded.add(target)
-        for i, kinds in qkv_parts.items():
-            for kind, qkv in kinds.items():
-                target = f"layers.{i}.qkv.{kind}"
-                params[target].copy_(torch.cat([qkv["query"], qkv["key"], qkv["value"]], dim=0))
-                loaded.add(target)
-        if types is not None:
-            table = params["embed_positions.weight"]
-            for block in range(table.shape[0] // cfg.max_positions):
-                start = block * cfg.max_positions
+            loader.copy(target, w, None, raw_name)
+        if types is not None:             # token type t's embedding folded into block t of the table
+            table = loader.params["embed_positions.weight"]
+            for block, start in enumerate(range(0, table.shape[0], cfg.max_positions)):
                 table[start:start + cfg.max_positions].add_(types[block].to(table.device))
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise KeyError(f"{model_dir}: weights missing from the safetensors files: {missing[:8]}")
+        loader.finish()
+
+
+_QKV = {"query": "q", "key": "k", "value": "v"}
 
 
 def _map_name(name: str) -> str | None:

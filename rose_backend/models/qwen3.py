@@ -28,7 +28,7 @@ from rose_backend.layers.activation import silu_and_mul
 from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddRMSNorm, RMSNorm
 from rose_backend.layers.rotary import RotaryEmbedding
-from rose_backend.loading import iter_safetensors, strip_prefix
+from rose_backend.loading import PackedLoader, iter_safetensors, strip_prefix
 from rose_backend.models.packed import PackedModel
 
 _PREFIXES = ("model.",)                     # Qwen3ForCausalLM keeps the decoder under "model."
@@ -123,9 +123,7 @@ class Qwen3Decoder(PackedModel):
         """Copy a Hugging Face Qwen3Model / Qwen3ForCausalLM checkpoint in, fusing q/k/v and
         gate/up on the way. Strict: unknown or missing weights raise KeyError naming them."""
         self.rotary.init_cache()            # a computed buffer, not a weight (meta construction leaves it empty)
-        params = dict(self.named_parameters())
-        expected = {(n, s) for n in params for s in self._shards(n)}
-        loaded: set[tuple[str, str | None]] = set()
+        loader = PackedLoader(self, model_dir, self._shards)
         for raw_name, w in iter_safetensors(model_dir):
             name = strip_prefix(raw_name, _PREFIXES)
             if name.startswith(_SKIPPED):
@@ -135,20 +133,8 @@ class Qwen3Decoder(PackedModel):
                 if f".{part}." in name:
                     name, shard = name.replace(f".{part}.", f".{packed}."), shard_name
                     break
-            if name not in params:
-                raise KeyError(f"{model_dir}: unexpected weight {raw_name!r} for a qwen3 model")
-            target = params[name]
-            if shard is not None:
-                start, size = self._shards(name)[shard]
-                target = target.narrow(0, start, size)
-            if target.shape != w.shape:
-                raise ValueError(f"{model_dir}: weight {raw_name!r} has shape {tuple(w.shape)}, "
-                                 f"expected {tuple(target.shape)} from config.json")
-            target.copy_(w)
-            loaded.add((name, shard))
-        missing = sorted(f"{n}[{s}]" if s else n for n, s in expected - loaded)
-        if missing:
-            raise KeyError(f"{model_dir}: weights missing from the safetensors files: {missing[:8]}")
+            loader.copy(name, w, shard, raw_name)
+        loader.finish()
 
     def _shards(self, name: str) -> dict[str | None, tuple[int, int]]:
         """Row ranges (start, size) of each part of a fused parameter; {None: ...} if not fused."""
