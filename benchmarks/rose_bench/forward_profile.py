@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.testing.folders import make_folder as _make_folder
 from rose_bench.engine_bench import events_ms
+from rose_bench.record import git_commit, host_info
 
 CONFIGS = [(1, 128), (1, 512), (1, 4096), (100, 512)]
 
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=240, help="seconds per (model, backend) process")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,9 +111,8 @@ def main(argv=None) -> int:
     if args.one:
         print("RESULT " + json.dumps(run_one(*args.one, configs, Path(args.folders), args.warm_only)), flush=True)
         return
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"command": " ".join(sys.argv), "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "machine": torch.cuda.get_device_name(0), "host": platform.node(), "torch": torch.__version__,
+    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host_info("cuda"),
               "env": {k: v for k, v in os.environ.items() if k.startswith("ROSE_")}, "warm": {}, "cells": {}}
     path = out_dir / "forward_profile.json"
     pairs = [(m, b) for m in args.models.split(",") for b in args.backends.split(",")]

@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request
@@ -28,6 +26,7 @@ import numpy as np
 from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
 from rose_backend.testing.folders import ids_to_text, make_folder, random_ids
 from rose_bench.perf import run_perf_analyzer, write_input_data
+from rose_bench.record import git_commit, host_info
 
 
 def text_input(path: Path, vocab: int, words: int, variants: int = 16) -> Path:
@@ -89,14 +88,15 @@ def main(argv=None) -> int:
     ap.add_argument("--inline", default="", help="per model: MODEL=true,false;MODEL2=true (default: true)")
     ap.add_argument("--interval-ms", type=int, default=3000)
     ap.add_argument("--work", default="/tmp/rose-host-path")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args(argv)
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     modes = {m: v.split(",") for m, v in (kv.split("=", 1) for kv in filter(None, args.inline.split(";")))}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"command": " ".join(sys.argv), "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "host": platform.node(), "machine": _gpu_name(), "runs": {}}
+    host = host_info("cuda" if _gpu_name() else "cpu")
+    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host, "runs": {}}
     for model in args.models.split(","):
         folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if _gpu_name() else "cpu")
         for inline in modes.get(model, ["true"]):
