@@ -49,7 +49,10 @@ def request(conn, seqs: int, tokens: int, outputs, rng, vocab: int):
     ms = (time.perf_counter() - t0) * 1e3
     if set(out) != set(outputs):
         raise RuntimeError(f"asked for {outputs}, got {sorted(out)}")
-    return ms, {k: v.nbytes for k, v in out.items()}
+    sizes = {k: v.nbytes for k, v in out.items()}
+    if "SPARSE_LENS" in out:     # how many (id, weight) pairs each input got: 0 everywhere is a defect
+        sizes["sparse_pairs_per_input"] = float(out["SPARSE_LENS"].mean())
+    return ms, sizes
 
 
 def main() -> int:
@@ -94,13 +97,15 @@ def main() -> int:
 
 
 def random_folder(shape: str, path: Path) -> Path:
-    from rose_backend.testing.m3_folders import make_m3_folder, write_heads
+    from rose_backend.testing.m3_folders import center_sparse_bias, make_m3_folder, write_heads
     if shape == "tiny":
         return make_m3_folder(path, hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512)
     import torch
     from rose_backend.testing.folders import make_folder
-    make_folder("bge-m3", path, device="cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    make_folder("bge-m3", path, device=device)
     write_heads(path, 1024, 1024)
+    center_sparse_bias(path, device)            # else a deep random encoder gives every token one sign
     return path
 
 
@@ -123,7 +128,7 @@ def run(url: str, args, vocab: int) -> list[dict]:
             med = {m: float(np.median(t)) for m, t in times.items()}
             for m in modes:
                 row = {"cell": f"{seqs}x{tokens}", "mode": m, "median_ms": med[m],
-                       "p90_ms": float(np.percentile(times[m], 90)), "bytes": int(sum(sizes[m].values())),
+                       "p90_ms": float(np.percentile(times[m], 90)), "bytes": int(sum(v for k, v in sizes[m].items() if k.isupper())),
                        "bytes_by_output": sizes[m], "times_ms": times[m]}
                 if m == "all":
                     row["extra"] = f"{(med['all'] / med['dense'] - 1) * 100:+.1f}%"

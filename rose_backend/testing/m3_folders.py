@@ -111,3 +111,27 @@ def write_heads(path: Path, hidden: int, colbert_dim: int, seed: int = 0, head_f
             save_file(state, str(path / f"{name}.safetensors"))
         else:
             torch.save(state, str(path / f"{name}.pt"))
+
+
+def center_sparse_bias(path: Path, device: str = "cpu", tokens: int = 256, seed: int = 0) -> float:
+    """Re-bias the folder's sparse_linear.pt so that about half of the tokens get a weight > 0.
+
+    A deep random encoder maps every token to nearly the same direction, so a random sparse head
+    gives all tokens a weight of one sign, and which sign depends on the draw (all > 0 on one
+    folder, all 0 after the ReLU on another: nothing left to compare). The bias is set to minus the
+    median of w . h over a random sequence's final hidden states (float32 Hugging Face). Returns
+    the share of those tokens left with a weight > 0."""
+    import numpy as np
+    import torch
+
+    from rose_backend.testing.reference import Reference
+
+    ref = Reference(path, device)
+    rng = np.random.default_rng(seed)
+    hidden = ref.hidden(rng.integers(4, ref.cfg.vocab_size - 1, size=min(tokens, ref.cfg.max_seq_length)))
+    ref.close()
+    state = torch.load(str(path / "sparse_linear.pt"), map_location="cpu", weights_only=True)
+    raw = hidden @ state["weight"][0].float()
+    state["bias"] = -raw.median().reshape(1).to(state["bias"].dtype)
+    torch.save(state, str(path / "sparse_linear.pt"))
+    return float((raw + state["bias"].float() > 0).float().mean())

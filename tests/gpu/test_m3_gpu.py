@@ -13,7 +13,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.testing.compare import cos_dist
 from rose_backend.testing.folders import make_folder
-from rose_backend.testing.m3_folders import write_heads
+from rose_backend.testing.m3_folders import center_sparse_bias, write_heads
 from rose_backend.testing.reference import Reference
 
 
@@ -26,6 +26,7 @@ def folder(gpu_tmp):
     path = make_folder("bge-m3", gpu_tmp / "bge-m3-heads", device="cuda")
     if not (path / "colbert_linear.pt").exists():
         write_heads(path, 1024, 1024, seed=0)
+        print(f"sparse head centred: {center_sparse_bias(path, 'cuda'):.0%} of tokens > 0")
     return path
 
 
@@ -51,6 +52,7 @@ def test_bge_m3_heads_against_float32_reference(folder):
     ref = Reference(cfg.model_dir, device="cuda")
     ref_dense = ref.embed(token_lists)
     ref_sparse, ref_colbert = reference_tokens(ref, eng.heads, token_lists)
+    assert 0.2 < (ref_sparse > 0).mean() < 0.8, "the sparse head is not centred: the check would see one sign only"
     report = []
     for attempt in ("eager", "capture", "replay"):
         lt = eng.step(PackedBatch(ids, lens, frozenset({"sparse", "colbert"})))
@@ -58,10 +60,12 @@ def test_bge_m3_heads_against_float32_reference(folder):
         sp, cb = lt.extras["sparse"], lt.extras["colbert"]
         assert sp.shape == ref_sparse.shape and cb.shape == ref_colbert.shape
         d_gap, c_gap = cos_gap(dense, ref_dense), cos_gap(cb, ref_colbert)
-        s_err = float(np.abs(sp - ref_sparse).max() / max(1.0, float(ref_sparse.max())))
+        s_err = float(np.abs(sp - ref_sparse).max() / float(ref_sparse.max()))     # of the largest weight
         report.append((attempt, d_gap, c_gap, s_err))
         print(f"{attempt}: dense 1-cos {d_gap:.2e}, ColBERT worst 1-cos {c_gap:.2e}, sparse max err {s_err:.2e}")
-        assert d_gap <= 1e-3 and c_gap <= 2e-3 and s_err <= 2e-2, report
+        assert d_gap <= 1e-3 and c_gap <= 2e-3 and s_err <= 5e-2, report
+        clear = ref_sparse > 0.1 * ref_sparse.max()                    # kept by the reference, not borderline
+        assert (sp[clear] > 0).all() and (sp[ref_sparse == 0] <= 0.1 * ref_sparse.max()).all()
         np.testing.assert_allclose(np.linalg.norm(cb, axis=1), 1.0, atol=1e-4)
     assert eng.last_key[-1] == "m3" and eng.stats.graph_replays >= 1
     plain = eng.step(PackedBatch(ids, lens)).synchronize()          # the dense-only graph of this shape

@@ -38,7 +38,8 @@ def test_scores_in_graphs_match_the_float32_peer(folder):
     seqs = [ids[a:b] for a, b in zip(cu[:-1], cu[1:])]
     engine = Engine(cfg, device="cuda")                     # bf16, CUDA graphs (lazy capture)
     runs = [engine.embed(seqs)[:, 0] for _ in range(3)]     # eager, capture + replay, replay
-    assert engine.stats.graph_captures >= 1 and engine.stats.graph_replays >= 2, engine.stats
+    # the second run captures (its result is the captured run's), the third replays
+    assert engine.stats.graph_captures >= 1 and engine.stats.graph_replays >= 1, engine.stats
     peer = PeerReranker(folder, "cuda", torch.float32)
     ref = peer.scores(query, docs)
     del peer
