@@ -19,19 +19,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "ensemble")]
+sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "ensemble"), str(ROOT / "benchmarks")]
 from rose_backend.launcher import TritonProcess, free_ports, repository_copy, DEFAULT_REPOSITORY  # noqa: E402
 from rose_client.transport import StreamConnection  # noqa: E402
+from rose_bench.record import git_commit, host_info  # noqa: E402
 
 SHAPES = ("bge-m3", "tiny")
 CELLS = [(1, 128), (100, 512)]
@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=30, help="measured requests per cell and mode")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="rose-retrieval-") as tmp:
@@ -81,13 +82,15 @@ def main() -> int:
             raise
         finally:
             srv.stop()
-    report = {"command": " ".join(sys.argv), "git_commit": _git(), "machine": _machine(),
+    report = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
+              "host": host_info("cuda" if torch.cuda.is_available() else "cpu"),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "model": args.model or f"random {args.shape}", "rows": rows}
-    print(f"{'cell':>9} {'mode':>6} {'median ms':>10} {'p90 ms':>8} {'answer MB':>10} {'extra':>9}")
+    print(f"{'cell':>9} {'mode':>6} {'median ms':>10} {'p90 ms':>8} {'answer MB':>10} {'extra':>9} {'sparse pairs/input':>19}")
     for r in rows:
         print(f"{r['cell']:>9} {r['mode']:>6} {r['median_ms']:10.2f} {r['p90_ms']:8.2f} "
-              f"{r['bytes'] / 1e6:10.2f} {r.get('extra', ''):>9}")
+              f"{r['bytes'] / 1e6:10.2f} {r.get('extra', ''):>9} "
+              f"{r['bytes_by_output'].get('sparse_pairs_per_input', ''):>19}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"retrieval_bench_{args.shape if args.model is None else Path(args.model).name}.json"
@@ -100,7 +103,6 @@ def random_folder(shape: str, path: Path) -> Path:
     from rose_backend.testing.m3_folders import center_sparse_bias, make_m3_folder, write_heads
     if shape == "tiny":
         return make_m3_folder(path, hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512)
-    import torch
     from rose_backend.testing.folders import make_folder
     device = "cuda" if torch.cuda.is_available() else "cpu"
     make_folder("bge-m3", path, device=device)
@@ -137,26 +139,6 @@ def run(url: str, args, vocab: int) -> list[dict]:
     finally:
         conn.close()
     return rows
-
-
-def _git() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown"
-
-
-def _machine() -> dict:
-    info = {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
-    try:
-        import torch
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    return info
 
 
 if __name__ == "__main__":
