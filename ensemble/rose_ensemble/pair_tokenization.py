@@ -21,6 +21,7 @@ exceeds that budget is refused with an error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -85,20 +86,19 @@ class PairTokenizer:
             self._check_query(len(self.texts.tokenizer.encode(query, add_special_tokens=False).ids)
                               + self.texts.tokenizer.num_special_tokens_to_add(True))
             encodings = [(e.ids, e.type_ids) for e in
-                         self.texts.tokenizer.encode_batch([(query, d) for d in documents], add_special_tokens=True)]
+                         self.texts.encode_batch([(query, d) for d in documents], add_special_tokens=True)]
         lens = np.fromiter((len(i) for i, _ in encodings), dtype=np.int32, count=len(encodings))
         total = int(lens.sum())
-        ids = np.fromiter((t for i, _ in encodings for t in i), dtype=np.int32, count=total)
-        types = np.fromiter((t for _, ty in encodings for t in ty), dtype=np.int32, count=total)
+        ids = np.fromiter(chain.from_iterable(i for i, _ in encodings), dtype=np.int32, count=total)
+        types = np.fromiter(chain.from_iterable(ty for _, ty in encodings), dtype=np.int32, count=total)
         return ids, lens, types
 
     def _encode_qwen3(self, query: str, documents: list[str], instruction: str | None):
-        tok = self.texts.tokenizer
         alone = len(self._plain.encode(qwen3_reranker_text(query, "", instruction), add_special_tokens=True).ids)
         if alone > self.body_budget:            # the instruction + query would be cut: no room for a document
             self._check_query(alone + len(self.prefix_ids) + len(self.suffix_ids))
-        bodies = tok.encode_batch([qwen3_reranker_text(query, d, instruction) for d in documents],
-                                  add_special_tokens=True)
+        bodies = self.texts.encode_batch([qwen3_reranker_text(query, d, instruction) for d in documents],
+                                         add_special_tokens=True)
         pre, suf = self.prefix_ids, self.suffix_ids
         return [(pre + e.ids + suf, [0] * (len(pre) + len(e.ids) + len(suf))) for e in bodies]
 

@@ -38,7 +38,7 @@ class TextTokenizer:
         self.tokenizer.enable_truncation(self.max_seq_length)
         # encode_batch_fast (tokenizers >= 0.20) skips the character offsets, which nothing here
         # reads: about half the time of encode_batch for a 512-word text on the CPU machine.
-        self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        self.encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
 
     @classmethod
     def from_folder(cls, model_dir: str | Path, max_seq_length: int | None = None,
@@ -100,7 +100,7 @@ class TextTokenizer:
         prompt = self.prompt_for(prompt_name)
         if prompt:
             texts = [prompt + t for t in texts]
-        encodings = self._encode_batch(texts, add_special_tokens=True)
+        encodings = self.encode_batch(texts, add_special_tokens=True)
         if len(encodings) == 1:
             ids = np.asarray(encodings[0].ids, dtype=np.int32)
             return ids, np.array([ids.size], dtype=np.int32)

@@ -31,14 +31,18 @@ def folder(gpu_tmp):
 
 
 def reference_tokens(ref: Reference, heads, token_lists):
-    """Per token, float32: relu(sparse_linear(h)) [T] and normalize(colbert_linear(h)) [T, Dc]."""
-    sparse, colbert = [], []
+    """Per token, float32: relu(sparse_linear(h)) [T] and normalize(colbert_linear(h)) [T, Dc], and
+    the scale of the sparse head's input, |w| x the mean |h| (its bias aside)."""
+    sparse, colbert, norms = [], [], []
     with torch.inference_mode():
         for ids in token_lists:
-            s, c = heads(ref.hidden(ids).to("cuda"))
+            h = ref.hidden(ids).to("cuda")
+            s, c = heads(h)
             sparse.append(s.cpu().numpy())
             colbert.append(c.cpu().numpy())
-    return np.concatenate(sparse), np.concatenate(colbert)
+            norms.append(h.norm(dim=-1).cpu().numpy())
+    scale = float(heads.sparse_w.norm()) * float(np.concatenate(norms).mean())
+    return np.concatenate(sparse), np.concatenate(colbert), scale
 
 
 def test_bge_m3_heads_against_float32_reference(folder):
@@ -51,7 +55,7 @@ def test_bge_m3_heads_against_float32_reference(folder):
     token_lists = np.split(ids, np.cumsum(lens)[:-1])
     ref = Reference(cfg.model_dir, device="cuda")
     ref_dense = ref.embed(token_lists)
-    ref_sparse, ref_colbert = reference_tokens(ref, eng.heads, token_lists)
+    ref_sparse, ref_colbert, scale = reference_tokens(ref, eng.heads, token_lists)
     assert 0.2 < (ref_sparse > 0).mean() < 0.8, "the sparse head is not centred: the check would see one sign only"
     report = []
     for attempt in ("eager", "capture", "replay"):
@@ -60,10 +64,12 @@ def test_bge_m3_heads_against_float32_reference(folder):
         sp, cb = lt.extras["sparse"], lt.extras["colbert"]
         assert sp.shape == ref_sparse.shape and cb.shape == ref_colbert.shape
         d_gap, c_gap = cos_gap(dense, ref_dense), cos_gap(cb, ref_colbert)
-        s_err = float(np.abs(sp - ref_sparse).max() / float(ref_sparse.max()))     # of the largest weight
+        # the bias centres w . h, a large common value (a random encoder's tokens all point one way):
+        # bf16 errors are relative to w . h, so they are measured against |w| |h|
+        s_err = float(np.abs(sp - ref_sparse).max() / scale)
         report.append((attempt, d_gap, c_gap, s_err))
         print(f"{attempt}: dense 1-cos {d_gap:.2e}, ColBERT worst 1-cos {c_gap:.2e}, sparse max err {s_err:.2e}")
-        assert d_gap <= 1e-3 and c_gap <= 2e-3 and s_err <= 5e-2, report
+        assert d_gap <= 1e-3 and c_gap <= 2e-3 and s_err <= 1e-2, report
         clear = ref_sparse > 0.1 * ref_sparse.max()                    # kept by the reference, not borderline
         assert (sp[clear] > 0).all() and (sp[ref_sparse == 0] <= 0.1 * ref_sparse.max()).all()
         np.testing.assert_allclose(np.linalg.norm(cb, axis=1), 1.0, atol=1e-4)
