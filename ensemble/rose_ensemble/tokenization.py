@@ -96,18 +96,32 @@ class TextTokenizer:
                 texts.append(b[: e.start].decode("utf-8"))
         return texts
 
-    def encode(self, texts: list[str], prompt_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def with_prompt(self, texts: list[str], prompt_name: str | None = None) -> list[str]:
+        """The texts as they are tokenized: the task's prompt (InputError if unknown) before each."""
         prompt = self.prompt_for(prompt_name)
-        if prompt:
-            texts = [prompt + t for t in texts]
-        encodings = self.encode_batch(texts, add_special_tokens=True)
-        if len(encodings) == 1:
-            ids = np.asarray(encodings[0].ids, dtype=np.int32)
-            return ids, np.array([ids.size], dtype=np.int32)
-        lens = np.fromiter((len(e.ids) for e in encodings), dtype=np.int32, count=len(encodings))
-        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=int(lens.sum()))
-        return ids, lens
+        return [prompt + t for t in texts] if prompt else texts
 
+    def encode(self, texts: list[str], prompt_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int32 [sum(lens)], lens int32 [n]) of the texts, the prompt put before each."""
+        return self.encode_requests([self.with_prompt(texts, prompt_name)])[0]
+
+    def encode_requests(self, requests: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Several requests' texts (prompts already put before them: with_prompt) in one Rust call;
+        per request (ids int32 [sum(lens)], lens int32 [n]), in order."""
+        flat = requests[0] if len(requests) == 1 else [t for texts in requests for t in texts]
+        encodings = self.encode_batch(flat, add_special_tokens=True)
+        out, start = [], 0
+        for texts in requests:
+            mine = encodings[start:start + len(texts)]
+            start += len(texts)
+            if len(mine) == 1:                     # the common case: one text, no joining
+                ids = np.array(mine[0].ids, dtype=np.int32)
+                out.append((ids, np.array([ids.size], dtype=np.int32)))
+                continue
+            lists = [e.ids for e in mine]
+            lens = np.fromiter(map(len, lists), dtype=np.int32, count=len(lists))
+            out.append((np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(lens.sum())), lens))
+        return out
 
     def count_tokens(self, texts: list[str], prompt_name: str | None = None) -> list[int]:
         """Token counts after prompt and truncation, without building the flat array."""

@@ -1,24 +1,39 @@
-"""The `tokenize` Triton model: TEXT (+ optional TASK) -> INPUT_IDS, SEQ_LENS (ragged, no padding);
-for a reranker folder also QUERY + DOCUMENTS (+ optional INSTRUCTION) -> INPUT_IDS, SEQ_LENS,
+"""The `tokenize` Triton models: TEXT (+ optional TASK) -> INPUT_IDS, SEQ_LENS (ragged, no padding).
+
+`tokenize` (TokenizeModel, one response per request, so HTTP and unary gRPC calls work): for a
+reranker folder also QUERY + DOCUMENTS (+ optional INSTRUCTION) -> INPUT_IDS, SEQ_LENS,
 TOKEN_TYPE_IDS of the query-document pairs (pair_tokenization.py), one sequence per document.
+
+`tokenize_batched` (TokenizeBatchedModel, decoupled; the `embed` ensemble's first step): the same
+TEXT contract, but requests that arrive while the tokenizer is busy wait and are tokenized together
+in one Rust call (tokenize_batcher.py); a lone request is tokenized and answered inside execute().
+Triton hands a model one request per execute() call whatever its batcher (max_batch_size 0), and
+a decoupled model cannot answer HTTP or unary gRPC calls, hence two models over the same code. Its
+parameters are `tokenize`'s (read from ../tokenize/config.pbtxt: one place for prompts and limits).
 
 config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults).
 Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
+import gc
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN
 from rose_backend.serving.parent_watch import watch_parent
-from rose_backend.serving.settings import TokenizeSettings
+from rose_backend.serving.polled_metrics import PolledMetrics
+from rose_backend.serving.settings import TokenizeSettings, model_config_file
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.triton_interop import check_numpy_interop
 from rose_ensemble.pair_tokenization import PairTokenizer
 from rose_ensemble.tokenization import InputError, TextTokenizer
+from rose_ensemble.tokenize_batcher import Job, TokenizeBatcher
 
 
 @dataclass(slots=True)
@@ -31,7 +46,7 @@ class TokenizeModel:
         check_numpy_interop(pb_utils, "tokenize")
         watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
         try:
-            s = TokenizeSettings.from_model_config(args["model_config"])
+            s = TokenizeSettings.from_model_config(self._model_config(args))
             model_dir = resolve_model_dir(s.model_dir or None)
             self.tokenizer = TextTokenizer.from_folder(
                 model_dir, max_seq_length=s.max_seq_length or None,
@@ -44,7 +59,11 @@ class TokenizeModel:
                 max_text_bytes=s.max_text_bytes, max_texts=s.max_request_texts)
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
-        self.clock = StageClock.from_env("tokenize")     # $ROSE_STAGE_TIMES: time each request
+        self.clock = StageClock.from_env(args.get("model_name", "tokenize"))   # $ROSE_STAGE_TIMES: time each request
+
+    @staticmethod
+    def _model_config(args) -> dict:
+        return json.loads(args["model_config"])
 
     def execute(self, requests):
         if self.clock is None:
@@ -67,26 +86,10 @@ class TokenizeModel:
             documents = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS")
             if query is not None or documents is not None:
                 return self._pairs(request, query, documents)
-            text = pb_utils.get_input_tensor_by_name(request, "TEXT")
-            if text is None:
-                raise InputError("missing input TEXT")
-            task = pb_utils.get_input_tensor_by_name(request, "TASK")
-            prompt_name = None
-            if task is not None:
-                values = task.as_numpy().reshape(-1)
-                if len(values) != 1:
-                    raise InputError(f"TASK must hold exactly one string, got {len(values)}")
-                raw = values[0]
-                prompt_name = (raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)) or None
-            texts = self.tokenizer.decode_texts(text.as_numpy().reshape(-1))
-            ids, lens = self.tokenizer.encode(texts, prompt_name)
-            return pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens)])
-        except InputError as e:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tokenize: {e}", pb_utils.TritonError.INVALID_ARG))
+            ids, lens = self.tokenizer.encode_requests([read_texts(request, self.tokenizer)])[0]
+            return ids_response(ids, lens)
         except Exception as e:  # never fail the whole batch of requests for one request's sake
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f"tokenize: {type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL))
+            return error_response(e)
 
     def _pairs(self, request, query, documents):
         if self.pairs is None:
@@ -105,3 +108,115 @@ class TokenizeModel:
         ids, lens, types = self.pairs.encode(*self.pairs.decode(q[0], documents.as_numpy().reshape(-1), instruction))
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens), pb_utils.Tensor("TOKEN_TYPE_IDS", types)])
+
+
+def read_texts(request, tokenizer: TextTokenizer) -> list[str]:
+    """TEXT (+ TASK) of a request -> its texts as they are tokenized (the prompt before each);
+    InputError naming what is wrong."""
+    text = pb_utils.get_input_tensor_by_name(request, "TEXT")
+    if text is None:
+        raise InputError("missing input TEXT")
+    task = pb_utils.get_input_tensor_by_name(request, "TASK")
+    prompt_name = None
+    if task is not None:
+        values = task.as_numpy().reshape(-1)
+        if len(values) != 1:
+            raise InputError(f"TASK must hold exactly one string, got {len(values)}")
+        raw = values[0]
+        prompt_name = (raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)) or None
+    return tokenizer.with_prompt(tokenizer.decode_texts(text.as_numpy().reshape(-1)), prompt_name)
+
+
+def ids_response(ids, lens, extras=()):
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens),
+                                                      *extras])
+
+
+_CODES = {CANCELLED: "CANCELLED", SHUTTING_DOWN: "UNAVAILABLE"}      # TritonError's names (set at run time)
+
+
+def error_response(e: Exception | str):
+    """Bad input: INVALID_ARG with its message; cancelled / shutting down; anything else INTERNAL."""
+    if isinstance(e, InputError):
+        code, text = pb_utils.TritonError.INVALID_ARG, str(e)
+    elif isinstance(e, str):
+        code, text = getattr(pb_utils.TritonError, _CODES.get(e, "INTERNAL")), e
+    else:
+        code, text = pb_utils.TritonError.INTERNAL, f"{type(e).__name__}: {e}"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tokenize: {text}", code))
+
+
+PASSED_ON = ("DIMENSIONS", "ENCODING")
+
+
+def passed_on(request) -> tuple:
+    """`rose`'s own inputs, handed on unchanged: an ensemble step may take inputs from one decoupled
+    model only (Triton's ensemble_utils.cc), so in `embed` they pass through this step to `rose`."""
+    return tuple(pb_utils.Tensor(name, t.as_numpy()) for name in PASSED_ON
+                 if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None)
+
+
+class TokenizeBatchedModel(TokenizeModel):
+    """Decoupled: execute() reads and checks each request, then hands it to the batcher, which
+    tokenizes it at once on this thread when idle, or together with every request waiting."""
+
+    COUNTERS = {
+        "rose_tokenize_encode_calls_total": ("Rust encode calls (each holds one or more requests)",
+                                             lambda m: m.batcher.stats.calls),
+        "rose_tokenize_encoded_requests_total": ("requests tokenized by those calls", lambda m: m.batcher.stats.jobs),
+        "rose_tokenize_requests_cancelled_total": ("requests whose caller left before they were tokenized",
+                                                   lambda m: m.batcher.stats.cancelled),
+    }
+    GAUGES = {"rose_tokenize_largest_batch": ("most requests tokenized in one call", lambda m: m.batcher.stats.largest),
+              "rose_tokenize_queued_requests": ("requests waiting for the tokenizer", lambda m: m.batcher.queued)}
+
+    def initialize(self, args):
+        super().initialize(args)          # its config declares TEXT and TASK only: pairs go to `tokenize`
+        self.batcher = TokenizeBatcher(self._encode, self._answer)
+        self.metrics = PolledMetrics(args, self, self.COUNTERS, self.GAUGES)
+        gc.collect()
+        gc.freeze()        # start-up objects (the tokenizer's tables) leave the collector's scans
+
+    @staticmethod
+    def _model_config(args) -> dict:
+        """`tokenize`'s parameters (parameter settings_from names the model; default tokenize)."""
+        own = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in (own.get("parameters") or {}).items()}
+        source = params.pop("settings_from", "") or "tokenize"
+        if params:
+            raise ValueError(f"tokenize_batched takes its parameters from {source!r}; unknown here: {sorted(params)}")
+        return model_config_file(Path(args["model_repository"]).parent / source / "config.pbtxt")
+
+    def execute(self, requests):
+        clock = self.clock
+        for request in requests:
+            t0 = time.perf_counter_ns() if clock is not None else 0
+            sender = request.get_response_sender()
+            try:
+                job = Job(read_texts(request, self.tokenizer), sender, request.is_cancelled, passed_on(request))
+                if clock is not None:
+                    job.marks += [("received", t0), ("read_and_decoded", time.perf_counter_ns())]
+                self.batcher.submit(job)
+            except Exception as e:          # every request gets its one FINAL response
+                sender.send(error_response(e), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def _encode(self, requests: list[list[str]]):
+        return self.tokenizer.encode_requests(requests)
+
+    def _answer(self, job: Job, result, error) -> None:
+        clock = self.clock
+        if clock is not None and job.marks:
+            clock.mark(job, "encoded")
+        response = error_response(error) if error is not None else ids_response(*result, job.extras)
+        if clock is not None and job.marks:
+            clock.mark(job, "response_built")
+        job.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if clock is not None and job.marks:
+            clock.mark(job, "sent")
+            clock.finish(job)
+
+    def finalize(self):
+        self.batcher.stop(30.0)
+        self.metrics.stop()
+        super().finalize()

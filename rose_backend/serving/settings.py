@@ -217,3 +217,14 @@ def parse_prompts(value: str, name: str = "prompts") -> dict[str, str]:
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise ValueError(f"parameter {name!r} must be a JSON object mapping prompt names to prefix strings")
     return prompts
+
+
+def model_config_file(path) -> dict:
+    """Another model's config.pbtxt as the dict Triton hands initialize() (args["model_config"]):
+    for a model that takes its parameters from a sibling's (the batching `tokenize_batched` reads
+    `tokenize`'s, so a deployment sets prompts and limits in one place)."""
+    from google.protobuf import json_format, text_format      # tritonclient's dependency
+    from tritonclient.grpc import model_config_pb2
+    from pathlib import Path
+    message = text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)

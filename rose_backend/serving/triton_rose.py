@@ -21,7 +21,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import threading
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -30,6 +29,7 @@ from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.outputs import OutputOptions, build_outputs, load_ranges, parse_options, special_token_ids
 from rose_backend.serving.parent_watch import watch_parent
+from rose_backend.serving.polled_metrics import PolledMetrics
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
@@ -83,7 +83,7 @@ class RoseModel:
             self.skip_ids = special_token_ids(cfg.model_dir) if self.engine.heads is not None else None
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
-        self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
+        self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES)
         log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
         gc.collect()
@@ -178,59 +178,19 @@ class RoseModel:
 _DENSE = OutputOptions(frozenset({"EMBEDDINGS"}), frozenset())
 
 
-class _Metrics:
-    """Custom Prometheus metrics (served on Triton's metrics port), refreshed once a second."""
-
-    COUNTERS = {  # metric name -> (description, where the value comes from)
-        "rose_batches_total": ("forward passes launched", lambda m: m.engine.stats.batches),
-        "rose_batch_tokens_total": ("tokens in launched forward passes", lambda m: m.engine.stats.tokens),
-        "rose_sequences_total": ("sequences embedded", lambda m: m.engine.stats.sequences),
-        "rose_eager_runs_total": ("forward passes run eagerly", lambda m: m.engine.stats.eager_runs),
-        "rose_graph_captures_total": ("CUDA graphs captured", lambda m: m.engine.stats.graph_captures),
-        "rose_graph_replays_total": ("forward passes replayed from a CUDA graph", lambda m: m.engine.stats.graph_replays),
-        "rose_requests_failed_total": ("requests answered with an error after admission", lambda m: m.service.stats.failed),
-        "rose_requests_cancelled_total": ("requests cancelled by their caller before they were computed",
-                                          lambda m: m.service.stats.cancelled),
-        "rose_oom_splits_total": ("batches that ran out of memory and were split and retried",
-                                  lambda m: m.service.stats.oom_splits),
-    }
-    GAUGES = {
-        "rose_queue_tokens": ("tokens waiting in the request pool", lambda m: m.service.queued_tokens),
-    }
-
-    def __init__(self, model_name: str, version: str, model: RoseModel):
-        labels = {"model": model_name, "version": str(version)}
-        self.model = model
-        self.metrics = []
-        for name, (desc, read) in self.COUNTERS.items():
-            fam = pb_utils.MetricFamily(name=name, description=desc, kind=pb_utils.MetricFamily.COUNTER)
-            self.metrics.append((fam, fam.Metric(labels=labels), read, True))
-        for name, (desc, read) in self.GAUGES.items():
-            fam = pb_utils.MetricFamily(name=name, description=desc, kind=pb_utils.MetricFamily.GAUGE)
-            self.metrics.append((fam, fam.Metric(labels=labels), read, False))
-        self.last = {id(m): 0 for _, m, _, _ in self.metrics}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rose-metrics", daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.wait(1.0):
-            try:
-                self.refresh()
-            except Exception:
-                log.exception("rose: refreshing metrics failed")
-
-    def refresh(self):
-        for _, metric, read, is_counter in self.metrics:
-            value = read(self.model)
-            if is_counter:
-                delta = value - self.last[id(metric)]
-                if delta > 0:
-                    metric.increment(delta)
-                    self.last[id(metric)] = value
-            else:
-                metric.set(value)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(2.0)
+_COUNTERS = {  # metric name -> (description, where the value comes from)
+    "rose_batches_total": ("forward passes launched", lambda m: m.engine.stats.batches),
+    "rose_batch_tokens_total": ("tokens in launched forward passes", lambda m: m.engine.stats.tokens),
+    "rose_sequences_total": ("sequences embedded", lambda m: m.engine.stats.sequences),
+    "rose_eager_runs_total": ("forward passes run eagerly", lambda m: m.engine.stats.eager_runs),
+    "rose_graph_captures_total": ("CUDA graphs captured", lambda m: m.engine.stats.graph_captures),
+    "rose_graph_replays_total": ("forward passes replayed from a CUDA graph", lambda m: m.engine.stats.graph_replays),
+    "rose_requests_failed_total": ("requests answered with an error after admission", lambda m: m.service.stats.failed),
+    "rose_requests_cancelled_total": ("requests cancelled by their caller before they were computed",
+                                      lambda m: m.service.stats.cancelled),
+    "rose_oom_splits_total": ("batches that ran out of memory and were split and retried",
+                              lambda m: m.service.stats.oom_splits),
+}
+_GAUGES = {
+    "rose_queue_tokens": ("tokens waiting in the request pool", lambda m: m.service.queued_tokens),
+}
