@@ -60,6 +60,8 @@ class TokenizeModel:
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
         self.clock = StageClock.from_env(args.get("model_name", "tokenize"))   # $ROSE_STAGE_TIMES: time each request
+        gc.collect()
+        gc.freeze()        # start-up objects (the tokenizer's tables) leave the collector's scans
 
     @staticmethod
     def _model_config(args) -> dict:
@@ -82,16 +84,16 @@ class TokenizeModel:
 
     def _one(self, request):
         try:
-            query = pb_utils.get_input_tensor_by_name(request, "QUERY")
-            documents = pb_utils.get_input_tensor_by_name(request, "DOCUMENTS")
+            inputs = input_tensors(request)
+            query, documents = inputs.get("QUERY"), inputs.get("DOCUMENTS")
             if query is not None or documents is not None:
-                return self._pairs(request, query, documents)
-            ids, lens = self.tokenizer.encode_requests([read_texts(request, self.tokenizer)])[0]
+                return self._pairs(inputs, query, documents)
+            ids, lens = self.tokenizer.encode_requests([read_texts(inputs, self.tokenizer)])[0]
             return ids_response(ids, lens)
         except Exception as e:  # never fail the whole batch of requests for one request's sake
             return error_response(e)
 
-    def _pairs(self, request, query, documents):
+    def _pairs(self, inputs: dict, query, documents):
         if self.pairs is None:
             raise InputError("this model is an embedding model, not a reranker: send TEXT (the `embed` model)")
         if query is None or documents is None:
@@ -99,7 +101,7 @@ class TokenizeModel:
         q = query.as_numpy().reshape(-1)
         if len(q) != 1:
             raise InputError(f"QUERY must hold exactly one string, got {len(q)}")
-        instruction = pb_utils.get_input_tensor_by_name(request, "INSTRUCTION")
+        instruction = inputs.get("INSTRUCTION")
         if instruction is not None:
             instruction = instruction.as_numpy().reshape(-1)
             if len(instruction) != 1:
@@ -110,13 +112,19 @@ class TokenizeModel:
             pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens), pb_utils.Tensor("TOKEN_TYPE_IDS", types)])
 
 
-def read_texts(request, tokenizer: TextTokenizer) -> list[str]:
-    """TEXT (+ TASK) of a request -> its texts as they are tokenized (the prompt before each);
-    InputError naming what is wrong."""
-    text = pb_utils.get_input_tensor_by_name(request, "TEXT")
+def input_tensors(request) -> dict:
+    """{name: pb_utils.Tensor} of a request's inputs, read once (pb_utils.get_input_tensor_by_name
+    rebuilds the list of inputs on every call)."""
+    return {t.name(): t for t in request.inputs()}
+
+
+def read_texts(inputs: dict, tokenizer: TextTokenizer) -> list[str]:
+    """TEXT (+ TASK) of a request's inputs -> its texts as they are tokenized (the prompt before
+    each); InputError naming what is wrong."""
+    text = inputs.get("TEXT")
     if text is None:
         raise InputError("missing input TEXT")
-    task = pb_utils.get_input_tensor_by_name(request, "TASK")
+    task = inputs.get("TASK")
     prompt_name = None
     if task is not None:
         values = task.as_numpy().reshape(-1)
@@ -149,11 +157,10 @@ def error_response(e: Exception | str):
 PASSED_ON = ("DIMENSIONS", "ENCODING")
 
 
-def passed_on(request) -> tuple:
+def passed_on(inputs: dict) -> tuple:
     """`rose`'s own inputs, handed on unchanged: an ensemble step may take inputs from one decoupled
     model only (Triton's ensemble_utils.cc), so in `embed` they pass through this step to `rose`."""
-    return tuple(pb_utils.Tensor(name, t.as_numpy()) for name in PASSED_ON
-                 if (t := pb_utils.get_input_tensor_by_name(request, name)) is not None)
+    return tuple(pb_utils.Tensor(name, inputs[name].as_numpy()) for name in PASSED_ON if name in inputs)
 
 
 class TokenizeBatchedModel(TokenizeModel):
@@ -174,8 +181,6 @@ class TokenizeBatchedModel(TokenizeModel):
         super().initialize(args)          # its config declares TEXT and TASK only: pairs go to `tokenize`
         self.batcher = TokenizeBatcher(self._encode, self._answer)
         self.metrics = PolledMetrics(args, self, self.COUNTERS, self.GAUGES)
-        gc.collect()
-        gc.freeze()        # start-up objects (the tokenizer's tables) leave the collector's scans
 
     @staticmethod
     def _model_config(args) -> dict:
@@ -193,7 +198,8 @@ class TokenizeBatchedModel(TokenizeModel):
             t0 = time.perf_counter_ns() if clock is not None else 0
             sender = request.get_response_sender()
             try:
-                job = Job(read_texts(request, self.tokenizer), sender, request.is_cancelled, passed_on(request))
+                inputs = input_tensors(request)
+                job = Job(read_texts(inputs, self.tokenizer), sender, request.is_cancelled, passed_on(inputs))
                 if clock is not None:
                     job.marks += [("received", t0), ("read_and_decoded", time.perf_counter_ns())]
                 self.batcher.submit(job)
