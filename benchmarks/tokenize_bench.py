@@ -8,11 +8,12 @@
    `encode` (Rust, tokenizers' encode_batch_fast), `arrays` (flat INT32 INPUT_IDS + SEQ_LENS);
    p50 / p99 us over --repeat runs; plus 16 waiting one-text requests encoded one call each vs in one
    batched call (what the batching `tokenize` does).
-2. Through tritonserver (the project's repository, the default model unless --model, CPU unless the
-   machine has a GPU and --device cuda): `tokenize` alone and `embed` with one text (128 words), each
-   at concurrency 1 and 16 (one gRPC stream per client thread), p50 / p99 ms; the server's own
-   per-stage times of the tokenizer models (ROSE_STAGE_TIMES) and, for the batching model, how many
-   requests each Rust call held (its counters).
+2. Through tritonserver (the project's repository as it is, the default model unless --model; the
+   `rose` device is the repository's `auto`): `tokenize`, `tokenize_batched` (the decoupled,
+   batching twin `embed` uses) and `embed`, one 128-word text per request, each at concurrency 1
+   and 16 (one gRPC stream per client thread), p50 / p99 ms; Triton's compute / queue time per
+   request of the tokenizer models, how many requests each Rust call of `tokenize_batched` held (its
+   counters), and the servers' own per-stage times (ROSE_STAGE_TIMES).
 Prints a table; writes <out>/tokenize_bench.json (command, git commit, machine, date).
 """
 from __future__ import annotations
@@ -83,7 +84,7 @@ def in_process(model_dir: str | None, repeat: int) -> dict:
             tok.encode(t)
         t1 = time.perf_counter_ns()
         if hasattr(tok, "encode_requests"):
-            tok.encode_requests([(t, None) for t in texts])
+            tok.encode_requests(texts)
         t2 = time.perf_counter_ns()
         each.append(t1 - t0)
         together.append(t2 - t1)
@@ -158,7 +159,7 @@ def through_server(model_dir: str | None, per_client: int, work: Path) -> dict:
     srv.start()
     try:
         srv.wait_ready(timeout=300)
-        for served in ("tokenize", "embed"):
+        for served in ("tokenize", "tokenize_batched", "embed"):
             for clients in (1, 16):
                 names = ("nv_inference_request_success", "nv_inference_compute_infer_duration_us",
                          "nv_inference_queue_duration_us", "rose_tokenize_encode_calls_total",

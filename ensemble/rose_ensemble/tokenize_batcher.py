@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -171,6 +172,10 @@ class TokenizeBatcher:
                         results.append(self.run_batch([j.payload])[0])
                     except Exception as one:
                         results.append(one)
+        done = time.perf_counter_ns()
+        for j in jobs:
+            if j.marks:                                  # stage timing on (serving/stage_clock.py)
+                j.marks.append(("encoded", done))
         self.stats.calls += 1
         self.stats.jobs += len(jobs)
         self.stats.largest = max(self.stats.largest, len(jobs))

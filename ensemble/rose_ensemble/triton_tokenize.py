@@ -213,7 +213,7 @@ class TokenizeBatchedModel(TokenizeModel):
     def _answer(self, job: Job, result, error) -> None:
         clock = self.clock
         if clock is not None and job.marks:
-            clock.mark(job, "encoded")
+            clock.mark(job, "picked_up")                # after "encoded": the hand-over to the worker
         response = error_response(error) if error is not None else ids_response(*result, job.extras)
         if clock is not None and job.marks:
             clock.mark(job, "response_built")
