@@ -258,6 +258,8 @@ def main(argv=None) -> int:
                    "rss_mib": rss_mib(pids), "gpu_mib": gpu_mib(pids)}
             minutes.append(row)
             print(f"[soak] {row}", flush=True)
+            result.update(minutes=minutes, counts=dict(soak.counts), samples=samples)
+            save_json(out, result, t_start)                           # a run cut short keeps its minutes
         soak.stop.set()
         for t in threads:
             t.join(args.timeout + 5)
