@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from rose_bench.engine_bench import events_ms
 from rose_bench.record import git_commit, host_info
 
 # (name, N, K) of each projection: BGE-M3 (XLM-R large) and pplx-embed (Qwen3 0.6B)
@@ -44,15 +45,7 @@ def time_form(form: str, x, w, wt, reps: int = 50) -> float:
         with torch.cuda.graph(g):
             for _ in range(reps):
                 fn()
-        times = []
-        for _ in range(10):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / reps)
-        return sorted(times)[len(times) // 2]
+        return events_ms(g.replay, 10) * 1e3 / reps
     finally:
         torch.backends.cuda.preferred_blas_library(prev)
 
