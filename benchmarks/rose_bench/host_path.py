@@ -69,13 +69,14 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
         runs.update({f"floor 1x{n} ids": ("floor", ids[n], 1) for n in (128, 512)})
         runs["embed one 128-word text"] = ("embed", text_input(work / f"text_{model}_128.json", vocab, 128), 1)
         metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
+        step = "tokenize_batched" if (repo / "tokenize_batched").exists() else "tokenize"   # embed's tokenizer
         for name, (served, data, clients) in runs.items():
-            before = {k: triton_metric(metrics, k, "tokenize") for k in
+            before = {k: triton_metric(metrics, k, step) for k in
                       ("nv_inference_compute_infer_duration_us", "nv_inference_queue_duration_us", "nv_inference_request_success")}
             res = run_perf_analyzer(srv.grpc_url, served, data, work / f"pa-{model}-{inline}-{len(out)}.csv", interval_ms,
                                     concurrency=clients)
             if served == "embed":
-                after = {k: triton_metric(metrics, k, "tokenize") for k in before}
+                after = {k: triton_metric(metrics, k, step) for k in before}
                 n = after["nv_inference_request_success"] - before["nv_inference_request_success"]
                 if n > 0:
                     res["tokenize_compute_us_per_request"] = round((after["nv_inference_compute_infer_duration_us"]
