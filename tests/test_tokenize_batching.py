@@ -46,6 +46,7 @@ class Recorder:
         self.gate = threading.Event()
         self.gate.set()
         self.answers: list = []
+        self.answered_on: list = []
         self.lock = threading.Lock()
 
     def run(self, requests):
@@ -60,21 +61,37 @@ class Recorder:
     def answer(self, job, result, error):
         with self.lock:
             self.answers.append((job.handle, result, error))
+            self.answered_on.append(threading.current_thread().name)
 
 
-def test_a_lone_request_is_encoded_on_the_calling_thread(tok, hf):
+def test_a_lone_request_is_encoded_and_answered_on_the_calling_thread(tok, hf):
     rec = Recorder(tok)
     b = TokenizeBatcher(rec.run, rec.answer)
     try:
         b.submit(Job(["hello world"], "a"))
-        assert rec.threads == [threading.current_thread().name] and rec.calls == [1]   # no hop before Rust
-        assert _wait(lambda: len(rec.answers) == 1)                 # answered by the worker
+        me = threading.current_thread().name
+        assert rec.threads == [me] and rec.answered_on == [me]          # no thread hop at all
         (handle, (ids, lens), error), = rec.answers
         assert handle == "a" and error is None
         assert ids.tolist() == hf("hello world")["input_ids"] and lens.tolist() == [ids.size]
+        assert b.stats.answered_inline == 1
     finally:
         b.stop(5)
     assert not b._thread.is_alive()
+
+
+def test_back_to_back_requests_leave_the_answer_to_the_worker(tok, hf):
+    """A request handed over right after the previous execute() returned (a backlog in Triton's
+    queue) is encoded at once, and answered by the worker, so that execute() returns early."""
+    rec = Recorder(tok)
+    b = TokenizeBatcher(rec.run, rec.answer, backlog_gap_us=1e12)    # every gap counts as a backlog
+    try:
+        b.submit(Job(["hello world"], "a"))
+        assert rec.threads == [threading.current_thread().name]
+        assert _wait(lambda: rec.answered_on == ["rose-tokenize"])
+        assert rec.answers[0][1][0].tolist() == hf("hello world")["input_ids"] and b.stats.answered_inline == 0
+    finally:
+        b.stop(5)
 
 
 def test_requests_waiting_while_busy_share_one_call_in_order(tok, hf):

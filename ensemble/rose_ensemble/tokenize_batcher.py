@@ -1,8 +1,8 @@
 """Requests that arrive while the tokenizer is busy are tokenized together, in one Rust call.
 
     batcher = TokenizeBatcher(run_batch, answer)
-    batcher.submit(job)        # any thread (Triton's execute); returns once the job is encoded
-                               # (idle: on this thread) or queued (busy: the worker encodes it)
+    batcher.submit(job)        # any thread (Triton's execute); returns once the job is answered
+                               # (idle, no backlog), encoded (idle) or queued (busy)
     batcher.stop(timeout)      # finish what was queued, then end the worker; nothing is left unanswered
 
 run_batch(payloads) -> list of results, one per payload, in order (it may raise: then each payload
@@ -11,14 +11,16 @@ answer(job, result, error) sends the job's one response (result None with an err
 with error None).
 
 When nothing runs and nothing waits, submit() encodes the job on the calling thread at once (no
-thread hop before the Rust call) and leaves building and sending its response to the worker; so
-execute() returns while the response is built and sent, and requests arriving meanwhile queue
-(Triton hands a Python model its next request only when execute() returns: encoding *and* answering
-inline would make every request a call of its own). The worker takes every waiting job (up to
-`max_batch_jobs`), encodes those not encoded yet in one run_batch call, and answers them in arrival
-order, each exactly once. A queued job whose caller is gone (job.is_cancelled()) is answered with
-CANCELLED and not encoded; stop() drains the queue, and jobs still queued when its time is up get
-SHUTTING_DOWN.
+thread hop before the Rust call). Triton hands a Python model its next request only when execute()
+returns, so a job encoded *and* answered there can never meet another one: a call of its own per
+request, whatever the load. So the answer depends on the gap since submit() last returned: more
+than `backlog_gap_us` (no backlog: a lone request) and the job is answered on the calling thread
+too, with no thread hop at all; less (Triton is handing requests over back to back: a backlog) and
+building and sending its response is left to the worker, so execute() returns at once and requests
+arriving meanwhile queue. The worker takes every waiting job (up to `max_batch_jobs`), encodes those
+not encoded yet in one run_batch call, and answers them in arrival order, each exactly once. A
+queued job whose caller is gone (job.is_cancelled()) is answered with CANCELLED and not encoded;
+stop() drains the queue, and jobs still queued when its time is up get SHUTTING_DOWN.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class BatcherStats:
     calls: int = 0              # run_batch calls (Rust encode calls)
     jobs: int = 0               # jobs those calls held
     largest: int = 0            # most jobs in one call
+    answered_inline: int = 0    # jobs encoded and answered on the submitting thread (no backlog)
     cancelled: int = 0
     failed: int = 0
 
@@ -57,8 +60,10 @@ class Job:
 
 class TokenizeBatcher:
     def __init__(self, run_batch: Callable[[list], list], answer: Callable[[Job, object, object], None],
-                 max_batch_jobs: int = 256):
+                 max_batch_jobs: int = 256, backlog_gap_us: float = 250.0):
         self.run_batch, self.answer, self.max_batch_jobs = run_batch, answer, max(1, max_batch_jobs)
+        self.backlog_gap_ns = int(backlog_gap_us * 1000)
+        self._last_return = 0               # when submit() last returned (perf_counter_ns)
         self.stats = BatcherStats()
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
@@ -70,28 +75,34 @@ class TokenizeBatcher:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
+        now = time.perf_counter_ns()
         with self._cond:
             if self._stopping:
                 raise ShuttingDown(SHUTTING_DOWN)
-            inline = not self._inline and not self._working and not self._queue
-            if inline:
-                self._inline = True
-            else:
+            if self._inline or self._working or self._queue:
                 self._queue.append(job)
                 self._cond.notify()
+                self._last_return = time.perf_counter_ns()
                 return
+            self._inline = True
+            alone = now - self._last_return > self.backlog_gap_ns
         try:
             job.result = self._encode([job])[0]
             job.encoded = True
+            if alone:                                # no backlog: answer here, no thread hop at all
+                self.stats.answered_inline += 1
+                self._deliver(job)
         finally:
             with self._cond:
                 self._inline = False
                 late = self._abort                   # stop()'s time ran out meanwhile: no worker left
-                if not late:
+                if not alone and not late:
                     self._queue.appendleft(job)      # it arrived before anything queued meanwhile
+                if self._queue:
                     self._cond.notify()
-            if late:
+            if late and not alone:
                 self._deliver(job)
+            self._last_return = time.perf_counter_ns()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:

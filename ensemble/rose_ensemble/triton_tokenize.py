@@ -171,6 +171,8 @@ class TokenizeBatchedModel(TokenizeModel):
         "rose_tokenize_encode_calls_total": ("Rust encode calls (each holds one or more requests)",
                                              lambda m: m.batcher.stats.calls),
         "rose_tokenize_encoded_requests_total": ("requests tokenized by those calls", lambda m: m.batcher.stats.jobs),
+        "rose_tokenize_answered_inline_total": ("requests encoded and answered inside execute() (no backlog)",
+                                                lambda m: m.batcher.stats.answered_inline),
         "rose_tokenize_requests_cancelled_total": ("requests whose caller left before they were tokenized",
                                                    lambda m: m.batcher.stats.cancelled),
     }
