@@ -143,23 +143,49 @@ def load(grpc_url: str, model: str, texts: list[str], clients: int, per_client: 
     return res
 
 
-def through_server(model_dir: str | None, per_client: int, work: Path) -> dict:
-    from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports
+# `embed` as it was before tokenize_batched (its first step `tokenize`, rose's options straight from
+# the ensemble's inputs): the A/B for the lone-request latency and the 16-client load.
+_PLAIN_EMBED = [('model_name: "tokenize_batched"   # `tokenize`, decoupled: waiting requests tokenized together',
+                 'model_name: "tokenize"'),
+                ('      input_map { key: "DIMENSIONS" value: "DIMENSIONS" }\n', ''),
+                ('      input_map { key: "ENCODING" value: "ENCODING" }\n', ''),
+                ('      output_map { key: "DIMENSIONS" value: "dimensions" }\n', ''),
+                ('      output_map { key: "ENCODING" value: "encoding" }\n', ''),
+                ('input_map { key: "DIMENSIONS" value: "dimensions" }', 'input_map { key: "DIMENSIONS" value: "DIMENSIONS" }'),
+                ('input_map { key: "ENCODING" value: "encoding" }', 'input_map { key: "ENCODING" value: "ENCODING" }')]
+
+
+def plain_embed_repository(dest: Path) -> Path:
+    from rose_backend.launcher import DEFAULT_REPOSITORY, repository_copy
+    repo = repository_copy(DEFAULT_REPOSITORY, dest, {})
+    cfg = repo / "embed" / "config.pbtxt"
+    text = cfg.read_text()
+    for old, new in _PLAIN_EMBED:
+        if old not in text:
+            raise RuntimeError(f"embed/config.pbtxt has changed: {old.strip()!r} not found")
+        text = text.replace(old, new)
+    cfg.write_text(text)
+    shutil.rmtree(repo / "tokenize_batched")
+    return repo
+
+
+def through_server(model_dir: str | None, per_client: int, work: Path, repo: Path, served_models: tuple) -> dict:
+    from rose_backend.launcher import TritonProcess, free_ports
     from rose_ensemble.tokenization import TextTokenizer
     tok = TextTokenizer.from_folder(model_dir)
     texts = [words_text(tok.tokenizer, 128, 2000 + i) for i in range(32)]
     stage_dir = work / "stages"
     shutil.rmtree(stage_dir, ignore_errors=True)
     ports = free_ports()
-    srv = TritonProcess(model_dir, DEFAULT_REPOSITORY, ports, log_file=work / "triton.log",
+    srv = TritonProcess(model_dir, repo, ports, log_file=work / "triton.log",
                         env=dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)), exit_timeout=10)
     metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
-    steps = [m for m in ("tokenize", "tokenize_batched") if (DEFAULT_REPOSITORY / m).exists()]
+    steps = [m for m in ("tokenize", "tokenize_batched") if (repo / m).exists()]
     out: dict = {"runs": {}}
     srv.start()
     try:
         srv.wait_ready(timeout=300)
-        for served in ("tokenize", "tokenize_batched", "embed"):
+        for served in served_models:
             for clients in (1, 16):
                 names = ("nv_inference_request_success", "nv_inference_compute_infer_duration_us",
                          "nv_inference_queue_duration_us", "rose_tokenize_encode_calls_total",
@@ -193,16 +219,21 @@ def print_table(result: dict) -> None:
     for name, stages in result.get("in_process", {}).items():
         cells = "  ".join(f"{k} {v['p50_us']:.1f} / {v['p99_us']:.1f}" for k, v in stages.items() if isinstance(v, dict))
         print(f"  {name:32s} {cells}")
-    srv = result.get("server")
-    if srv:
-        print("\nthrough tritonserver (ms)")
-        for name, r in srv["runs"].items():
-            extra = {k: v for k, v in r.items() if "metric" in k or "Rust" in k}
-            print(f"  {name:44s} p50 {r.get('p50_ms', float('nan')):7.3f}  p99 {r.get('p99_ms', float('nan')):7.3f}  "
-                  f"{r['req_per_s']:7.1f} req/s  errors {r['errors']}  {extra}")
-        print("\nserver stages (us, p50 / p99)")
-        for name, stages in srv["stages"].items():
-            print(f"  {name}: " + "  ".join(f"{k} {v['p50_us']:.0f} / {v['p99_us']:.0f}" for k, v in stages.items()))
+    for label, key in (("", "server"), (", embed through `tokenize`", "server_embed_via_tokenize")):
+        srv = result.get(key)
+        if srv:
+            _print_server(srv, label)
+
+
+def _print_server(srv: dict, label: str) -> None:
+    print(f"\nthrough tritonserver{label} (ms)")
+    for name, r in srv["runs"].items():
+        extra = {k: v for k, v in r.items() if "metric" in k or "Rust" in k}
+        print(f"  {name:44s} p50 {r.get('p50_ms', float('nan')):7.3f}  p99 {r.get('p99_ms', float('nan')):7.3f}  "
+              f"{r['req_per_s']:7.1f} req/s  errors {r['errors']}  {extra}")
+    print("\nserver stages (us, p50 / p99)")
+    for name, stages in srv["stages"].items():
+        print(f"  {name}: " + "  ".join(f"{k} {v['p50_us']:.0f} / {v['p99_us']:.0f}" for k, v in stages.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2000, help="in-process runs per text")
     ap.add_argument("--requests", type=int, default=400, help="requests per client at concurrency 1 (16: a quarter)")
     ap.add_argument("--skip-server", action="store_true", help="in-process stages only")
+    ap.add_argument("--skip-plain", action="store_true", help="no second server with embed through `tokenize`")
     ap.add_argument("--git-commit", default=None, help="the commit to record (a device copy has no git history)")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
@@ -224,8 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     result["in_process"] = in_process(args.model, args.repeat)
     save_json(path, result, t_start)
     if not args.skip_server:
+        from rose_backend.launcher import DEFAULT_REPOSITORY
         with tempfile.TemporaryDirectory(prefix="rose-tokbench-") as tmp:
-            result["server"] = through_server(args.model, args.requests, Path(tmp))
+            print("the repository as it is (embed through tokenize_batched):", flush=True)
+            result["server"] = through_server(args.model, args.requests, Path(tmp) / "a", DEFAULT_REPOSITORY,
+                                              ("tokenize", "tokenize_batched", "embed"))
+            save_json(path, result, t_start)
+            if not args.skip_plain:
+                print("embed through the non-decoupled tokenize (as before tokenize_batched):", flush=True)
+                plain = plain_embed_repository(Path(tmp) / "plain")
+                result["server_embed_via_tokenize"] = through_server(args.model, args.requests, Path(tmp) / "b",
+                                                                     plain, ("embed",))
         save_json(path, result, t_start)
     print_table(result)
     print(f"\nwrote {path}")
