@@ -43,7 +43,7 @@ from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
 
 def words_text(tokenizer, words: int, seed: int) -> str:
     """`words` random whole-word vocabulary entries (no special tokens, no word pieces), spaced."""
-    vocab = [w for w in tokenizer.get_vocab() if w.isalpha() and w.isascii() and len(w) > 2]
+    vocab = [w for w in tokenizer.get_vocab() if w.isalnum() and w.isascii() and len(w) > 2]   # "w123" too
     vocab.sort()
     rng = np.random.default_rng(seed)
     return " ".join(vocab[i] for i in rng.integers(0, len(vocab), size=words))
@@ -174,6 +174,7 @@ def through_server(model_dir: str | None, per_client: int, work: Path, repo: Pat
     from rose_ensemble.tokenization import TextTokenizer
     tok = TextTokenizer.from_folder(model_dir)
     texts = [words_text(tok.tokenizer, 128, 2000 + i) for i in range(32)]
+    work.mkdir(parents=True, exist_ok=True)
     stage_dir = work / "stages"
     shutil.rmtree(stage_dir, ignore_errors=True)
     ports = free_ports()
@@ -240,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/tokenize", help="folder for tokenize_bench.json")
     ap.add_argument("--model", default=None, help="Hugging Face folder (default: the default model)")
+    ap.add_argument("--shape", default=None, help="a random-weight folder of this shape instead (bge-m3, "
+                    "pplx-embed, tiny-bert, ...: rose_backend/testing/folders.py; the bench's WordLevel tokenizer)")
     ap.add_argument("--repeat", type=int, default=2000, help="in-process runs per text")
     ap.add_argument("--requests", type=int, default=400, help="requests per client at concurrency 1 (16: a quarter)")
     ap.add_argument("--skip-server", action="store_true", help="in-process stages only")
@@ -253,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
               "git": git_commit(args.git_commit), "host": host_info("cpu"),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     path = out_dir / "tokenize_bench.json"
+    if args.shape and not args.model:
+        import torch
+        from rose_backend.testing.folders import make_folder
+        args.model = str(make_folder(args.shape, Path(tempfile.gettempdir()) / "rose-tokbench-folders" / args.shape,
+                                     device="cuda" if torch.cuda.is_available() else "cpu"))
+        result["shape"] = args.shape
     result["in_process"] = in_process(args.model, args.repeat)
     save_json(path, result, t_start)
     if not args.skip_server:
