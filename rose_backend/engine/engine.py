@@ -201,7 +201,8 @@ class Engine:
             marks.append(("launched", time.perf_counter_ns()))
         fits = s <= slot.out.shape[0]
         lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None,
-                               extras=extras)
+                               extras=extras, extras_host=slot.extras_host(extras) if fits and slot.pinned else None,
+                               copy_extras=key is not None)     # graphs' static outputs are overwritten
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))

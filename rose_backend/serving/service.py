@@ -47,11 +47,16 @@ class EmbeddingService:
     def __init__(self, engine, on_complete: Callable[[Request], None], *,
                  max_batch_tokens: int = RoseSettings.max_batch_tokens, max_batch_seqs: int = RoseSettings.max_batch_seqs,
                  max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens,
-                 inline: bool = True, clock=None):
+                 inline: bool = True, clock=None, on_piece: Callable | None = None):
         """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); inline: run a
-        lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock."""
+        lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock;
+        on_piece(request, first seq, last seq, {name: token rows}): takes a piece's token-level
+        outputs (sparse / ColBERT) when its batch is collected, on the loop thread (the rows are
+        views of the engine's reused buffers, valid during the call and the request's on_complete
+        if this piece finished it); without it, requests for token outputs fail."""
         self.engine = engine
         self.on_complete = on_complete
+        self.on_piece = on_piece
         self.inline = inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
@@ -273,8 +278,15 @@ class EmbeddingService:
                 r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
             n = p.last - p.first
             r.output[p.first:p.last] = emb[p.row:p.row + n]
-            for name in r.token_outputs:        # token-level rows: views kept, copied once when built
-                r.token_results.setdefault(name, []).append((t0, extras[name][token - (t1 - t0):token]))
+            if r.token_outputs:                 # token-level rows: taken now (the buffers are reused)
+                rows = {name: extras[name][token - (t1 - t0):token] for name in r.token_outputs}
+                try:
+                    if self.on_piece is None:
+                        raise ValueError("this service takes no token-level outputs (no on_piece handler)")
+                    self.on_piece(r, p.first, p.last, rows)
+                except Exception as e:             # the request fails, the batch's others go on
+                    log.exception("taking the token-level outputs of a request failed")
+                    r.error = r.error or f"taking the token-level outputs failed: {type(e).__name__}: {e}"
             r.remaining -= n
             if r.remaining == 0:
                 self._finish(r)
@@ -319,7 +331,7 @@ class EmbeddingService:
         except Exception:
             log.exception("sending a response failed")
         if self.clock is not None and r.error is None:
-            self.clock.finish(r)
+            self.clock.finish(r, "+".join(sorted(r.token_outputs)))   # dense-only: ungrouped
         _release(r)
 
 
