@@ -10,7 +10,8 @@ Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a b
 `token_outputs` names them runs the heads on the final hidden states of every token, in the same
 pass (a graph of its own per configuration, keyed apart from the dense-only one, so dense-only
 batches run exactly the graphs they ran before), and its handle carries the results as `extras`
-({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only).
+({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only), copied back into pinned buffers of
+the step's slot (reused: valid until the slot comes round again, as the dense rows' buffer).
 """
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ defines them (inference/embedder/encoder_only/m3.py, _process_token_weights and
 _process_colbert_vecs): the sparse weights skip the tokenizer's cls / eos / pad / unk ids and keep
 the largest weight of each id; ColBERT drops the first (CLS) token.
 
+Cost: a request's token-level rows are taken piece by piece as its batches are collected
+(collect_piece, EmbeddingService's on_piece), so on a GPU this host work overlaps the next batch's
+forward pass: its sparse pairs at once, its ColBERT rows written once, straight into the request's
+COLBERT array (one slice copy per sequence). build_outputs then only joins the small sparse parts.
+
 Which outputs a request asked for. A request names its outputs (Triton's requested outputs); a
 request that names none is given all of them by Triton, and the `embed` ensemble asks `rose` for
 every output its step maps whatever the client named (Triton 2.51's ensemble_scheduler.cc adds

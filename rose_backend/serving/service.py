@@ -50,10 +50,8 @@ class EmbeddingService:
                  inline: bool = True, clock=None, on_piece: Callable | None = None):
         """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); inline: run a
         lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock;
-        on_piece(request, first seq, last seq, {name: token rows}): takes a piece's token-level
-        outputs (sparse / ColBERT) when its batch is collected, on the loop thread (the rows are
-        views of the engine's reused buffers, valid during the call and the request's on_complete
-        if this piece finished it); without it, requests for token outputs fail."""
+        on_piece(request, first seq, last seq, {name: rows}): takes a piece's sparse / ColBERT rows as
+        its batch is collected (views of reused buffers: valid in the call and the on_complete it leads to)."""
         self.engine = engine
         self.on_complete = on_complete
         self.on_piece = on_piece
@@ -74,8 +72,9 @@ class EmbeddingService:
 
     # ---- any thread -------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
-        if request.num_seqs == 0:
-            raise ValueError("a request needs at least one sequence")
+        if request.num_seqs == 0 or (request.token_outputs and self.on_piece is None):
+            raise ValueError("a request needs at least one sequence" if request.num_seqs == 0 else
+                             "this service takes no token-level outputs (no on_piece handler)")
         with self._cond:
             if self._stopping:
                 raise ShuttingDown(SHUTTING_DOWN)
@@ -278,13 +277,10 @@ class EmbeddingService:
                 r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
             n = p.last - p.first
             r.output[p.first:p.last] = emb[p.row:p.row + n]
-            if r.token_outputs:                 # token-level rows: taken now (the buffers are reused)
-                rows = {name: extras[name][token - (t1 - t0):token] for name in r.token_outputs}
+            if r.token_outputs:      # token rows taken now (the buffers are reused); a failure fails r only
                 try:
-                    if self.on_piece is None:
-                        raise ValueError("this service takes no token-level outputs (no on_piece handler)")
-                    self.on_piece(r, p.first, p.last, rows)
-                except Exception as e:             # the request fails, the batch's others go on
+                    self.on_piece(r, p.first, p.last, {k: extras[k][token - (t1 - t0):token] for k in r.token_outputs})
+                except Exception as e:
                     log.exception("taking the token-level outputs of a request failed")
                     r.error = r.error or f"taking the token-level outputs failed: {type(e).__name__}: {e}"
             r.remaining -= n
