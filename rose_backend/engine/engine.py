@@ -110,6 +110,7 @@ class Engine:
             avail = available_backends(self.shape, self.device)
             graphable = [n for n in avail if not cuda or backend_class(n).supports_cuda_graphs]
             self.available = graphable or avail
+        self._chosen: dict[tuple[int, int], str] = {}     # (seqs, tokens) -> backend_for's answer
         if isinstance(backend_table, BackendTable):
             self.table = backend_table
         else:
@@ -153,12 +154,16 @@ class Engine:
         return be
 
     def backend_for(self, seqs: int, tokens: int) -> str:
-        """The attention backend this engine runs for a configuration."""
+        """The attention backend this engine runs for a configuration (chosen once per configuration)."""
         if self.attention is not None:
             return self.attention
-        fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
-        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available, self.cfg.num_layers,
-                                 {n: backend_class(n).host_plan_us for n in fits or self.available})
+        name = self._chosen.get((seqs, tokens))
+        if name is None:
+            fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
+            name = self._chosen[(seqs, tokens)] = self.table.choose(
+                self.shape.key, seqs, tokens, fits or self.available, self.cfg.num_layers,
+                {n: backend_class(n).host_plan_us for n in fits or self.available})
+        return name
 
     def _use(self, name: str) -> AttentionBackend:
         be = self._backend(name)
@@ -247,8 +252,7 @@ class Engine:
             key = (*key, "m3")          # the graph with the heads; the attention plan is shared
         self.last_key = key
         cu_host = slot.staging[layout.cu]
-        lens = np.diff(slot.np[layout.cu]).tolist()
-        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
+        be.plan(AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if self.device.type == "cuda":
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()
