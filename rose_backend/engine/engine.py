@@ -10,7 +10,8 @@ Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a b
 `token_outputs` names them runs the heads on the final hidden states of every token, in the same
 pass (a graph of its own per configuration, keyed apart from the dense-only one, so dense-only
 batches run exactly the graphs they ran before), and its handle carries the results as `extras`
-({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only).
+({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only), copied back into pinned buffers of
+the step's slot (reused: valid until the slot comes round again, as the dense rows' buffer).
 """
 from __future__ import annotations
 
@@ -206,7 +207,8 @@ class Engine:
             marks.append(("launched", time.perf_counter_ns()))
         fits = s <= slot.out.shape[0]
         lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None,
-                               extras=extras)
+                               extras=extras, extras_host=slot.extras_host(extras) if fits and slot.pinned else None,
+                               copy_extras=key is not None)     # graphs' static outputs are overwritten
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))

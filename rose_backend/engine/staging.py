@@ -63,6 +63,21 @@ class Slot:
         self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
         self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
         self.lt = None                                   # the LazyTensor that last used `out`
+        self.pinned = pinned
+        self.extras: dict[str, torch.Tensor] = {}        # token-level outputs' host buffers (grown, reused)
+
+    def extras_host(self, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Host buffers of `extras`' shapes for this slot's batch: views of buffers kept per name and
+        grown (rows to a power of two) when too small, so a step allocates no pinned memory."""
+        out = {}
+        for name, t in extras.items():
+            buf = self.extras.get(name)
+            n = t.shape[0]
+            if buf is None or buf.shape[0] < n or buf.shape[1:] != t.shape[1:] or buf.dtype != t.dtype:
+                rows = 1 << max(10, (n - 1).bit_length())
+                buf = self.extras[name] = torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=self.pinned)
+            out[name] = buf[:n]
+        return out
 
 
 class DeviceViews:
