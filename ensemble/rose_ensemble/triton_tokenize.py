@@ -25,7 +25,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
-from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Unavailable
 from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.polled_metrics import PolledMetrics
 from rose_backend.serving.settings import TokenizeSettings, model_config_file
@@ -46,7 +46,7 @@ class TokenizeModel:
         check_numpy_interop(pb_utils, "tokenize")
         watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
         try:
-            s = TokenizeSettings.from_model_config(self._model_config(args))
+            self.settings = s = TokenizeSettings.from_model_config(self._model_config(args))
             model_dir = resolve_model_dir(s.model_dir or None)
             self.tokenizer = TextTokenizer.from_folder(
                 model_dir, max_seq_length=s.max_seq_length or None,
@@ -144,9 +144,11 @@ _CODES = {CANCELLED: "CANCELLED", SHUTTING_DOWN: "UNAVAILABLE"}      # TritonErr
 
 
 def error_response(e: Exception | str):
-    """Bad input: INVALID_ARG with its message; cancelled / shutting down; anything else INTERNAL."""
+    """Bad input: INVALID_ARG with its message; cancelled; shutting down UNAVAILABLE; else INTERNAL."""
     if isinstance(e, InputError):
         code, text = pb_utils.TritonError.INVALID_ARG, str(e)
+    elif isinstance(e, Unavailable):           # submitted while stopping
+        code, text = pb_utils.TritonError.UNAVAILABLE, str(e)
     elif isinstance(e, str):
         code, text = getattr(pb_utils.TritonError, _CODES.get(e, "INTERNAL")), e
     else:
@@ -165,7 +167,8 @@ def passed_on(inputs: dict) -> tuple:
 
 class TokenizeBatchedModel(TokenizeModel):
     """Decoupled: execute() reads and checks each request, then hands it to the batcher, which
-    tokenizes it at once on this thread when idle, or together with every request waiting."""
+    encodes it at once on this thread when idle (and answers it here too when there is no backlog),
+    or together with every request waiting (tokenize_batcher.py)."""
 
     COUNTERS = {
         "rose_tokenize_encode_calls_total": ("Rust encode calls (each holds one or more requests)",
@@ -181,7 +184,7 @@ class TokenizeBatchedModel(TokenizeModel):
 
     def initialize(self, args):
         super().initialize(args)          # its config declares TEXT and TASK only: pairs go to `tokenize`
-        self.batcher = TokenizeBatcher(self._encode, self._answer)
+        self.batcher = TokenizeBatcher(self._encode, self._answer, backlog_gap_us=self.settings.batch_backlog_us)
         self.metrics = PolledMetrics(args, self, self.COUNTERS, self.GAUGES)
 
     @staticmethod

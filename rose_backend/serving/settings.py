@@ -179,9 +179,14 @@ class TokenizeSettings(_Settings):
                          no more than a long one (default 65536)
     max_request_texts    texts (for pairs: documents) per request; more is refused with an error
                          naming the limit (default 4096)
+    batch_backlog_us     `tokenize_batched` (embed's tokenizer, which reads these parameters): a
+                         request that comes less than this many microseconds after execute() last
+                         returned is taken as part of a backlog, so its response is sent by the
+                         worker and requests waiting meanwhile are encoded together; later ones are
+                         answered inside execute(), with no thread hop (default 250)
     """
     MODEL = "tokenize"
-    MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1}
+    MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1, "batch_backlog_us": 0}
 
     model_dir: str = ""
     model_kind: str = ""
@@ -191,6 +196,7 @@ class TokenizeSettings(_Settings):
     max_seq_length: int = 0
     max_text_bytes: int = 65536
     max_request_texts: int = 4096
+    batch_backlog_us: int = 250
 
     def __post_init__(self):
         self._check()
