@@ -268,3 +268,21 @@ def test_options_pass_through_to_rose_and_tokenize_keeps_http(server, client):
     req = urllib.request.Request(f"http://127.0.0.1:{server.ports.http}/v2/models/tokenize/infer", body)
     with urllib.request.urlopen(req, timeout=30) as r:
         assert b'"data":[101,7592,2088,102]' in r.read()
+
+
+def test_server_stop_with_the_batcher_busy_leaves_nothing_behind():
+    """Requests pipelined into `tokenize_batched` and `embed`, then the server stopped: every request
+    answered, exit code 0, no stub process and no /dev/shm segment of that server left."""
+    import leftovers
+    from server import running_server
+    with running_server(name="tokbatch-stop") as srv:
+        conn = StreamConnection(srv.grpc_url)
+        try:
+            futs = [conn.infer("tokenize_batched" if i % 2 else "embed", [("TEXT", [text(i)])]) for i in range(40)]
+            assert all(f.result(120) is not None for f in futs)
+        finally:
+            conn.close()
+        prefix = srv.shm_prefix
+    assert srv.proc.returncode == 0
+    procs, segs = leftovers.wait_gone({prefix}, 10.0)
+    assert not procs and not segs, (procs, segs)
