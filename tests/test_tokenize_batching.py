@@ -189,11 +189,9 @@ def _metric(server, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def batching_server(shared_server):
-    """The default deployment with a 20 ms backlog window: on this shared 2-core machine Triton's
+    """The shipped deployment with a 20 ms backlog window: on this shared 2-core machine Triton's
     hand-over between requests can exceed the default 250 us, which would answer each inline."""
-    from conftest import DEFAULT_TEST_PARAMS
-    params = {**DEFAULT_TEST_PARAMS, "tokenize": {**DEFAULT_TEST_PARAMS["tokenize"], "batch_backlog_us": "20000"}}
-    return shared_server(params, name="batching")
+    return shared_server({"tokenize": {"batch_backlog_us": "20000"}}, name="batching")
 
 
 def test_concurrent_requests_get_their_own_ids_and_share_rust_calls(batching_server, hf, sentence_model):
