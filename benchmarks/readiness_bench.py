@@ -105,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--launches", default="cold,warm", help="cold (empty compile cache) and/or warm (the same cache again)")
     p.add_argument("--workdir", default=None, help="folder for model folders, caches and logs (default: a temp dir)")
     p.add_argument("--out", default="benchmarks/results/readiness.json")
+    p.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = p.parse_args(argv)
 
     t_start = time.monotonic()
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
     vocab = vocab_size(folder)
     shapes = parse_shapes(args.shapes)
     result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
-              "git": git_commit(None), "machine": host_info(args.device),
+              "git": git_commit(args.git_commit), "machine": host_info(args.device),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "model": str(folder or "default"), "runs": []}
     out = Path(args.out)

@@ -13,12 +13,16 @@ first (graph captures). Prints a table and saves JSON (command, git commit, mach
 
     H200:  PYTHONPATH=. python3 benchmarks/retrieval_bench.py --shape bge-m3 --out benchmarks/results
     CPU smoke: .venv/bin/python benchmarks/retrieval_bench.py --shape tiny --iters 5 --warmup 2
+    Where the time goes: --stage-times (the server's per-stage medians, ROSE_STAGE_TIMES, dense vs
+    all; run one cell at a time with --cells 100x512 so the stages are that cell's); --colbert-dim
+    1024 gives the tiny folder BGE-M3's ColBERT width (the answer's real size on a CPU).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import os
 import sys
 import tempfile
 import time
@@ -63,16 +67,25 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--cells", default=",".join(f"{s}x{t}" for s, t in CELLS),
+                    help="sequences x tokens, comma-separated (default: %(default)s)")
+    ap.add_argument("--colbert-dim", type=int, default=None, help="--shape tiny: ColBERT width (default: hidden, 64)")
+    ap.add_argument("--stage-times", action="store_true", help="print the server's per-stage medians, dense vs all")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="extra tritonserver argument, e.g. --server-arg=--backend-config=python,shm-growth-byte-size=268435456")
     args = ap.parse_args()
+    args.cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="rose-retrieval-") as tmp:
         folder = args.model
         if folder is None:
-            folder = str(random_folder(args.shape, Path(tmp) / "m3"))
+            folder = str(random_folder(args.shape, Path(tmp) / "m3", args.colbert_dim))
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
         repo = repository_copy(DEFAULT_REPOSITORY, Path(tmp) / "repo", {})
         log = Path(tmp) / "server.log"
-        srv = TritonProcess(folder, repo, free_ports(), log_file=log)
+        stage_dir = Path(tmp) / "stages"
+        env = dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)) if args.stage_times else None
+        srv = TritonProcess(folder, repo, free_ports(), log_file=log, env=env, extra_args=args.server_arg)
         srv.start()
         try:
             srv.wait_ready(900)
@@ -82,10 +95,14 @@ def main() -> int:
             raise
         finally:
             srv.stop()
+        stages = {p.name: json.loads(p.read_text()) for p in sorted(stage_dir.glob("*.json"))}
     report = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
               "host": host_info("cuda" if torch.cuda.is_available() else "cpu"),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "model": args.model or f"random {args.shape}", "rows": rows}
+              "model": args.model or f"random {args.shape}", "colbert_dim": args.colbert_dim, "rows": rows}
+    if args.stage_times:
+        report["stages"] = stages
+        print_stages(stages)
     print(f"{'cell':>9} {'mode':>6} {'median ms':>10} {'p90 ms':>8} {'answer MB':>10} {'extra':>9} {'sparse pairs/input':>19}")
     for r in rows:
         print(f"{r['cell']:>9} {r['mode']:>6} {r['median_ms']:10.2f} {r['p90_ms']:8.2f} "
@@ -99,10 +116,23 @@ def main() -> int:
     return 0
 
 
-def random_folder(shape: str, path: Path) -> Path:
+def print_stages(stages: dict) -> None:
+    """Per stage of rose's host path: p50 microseconds, dense-only requests vs all three outputs."""
+    for name, summary in stages.items():
+        print(f"stages ({name}, p50 us; warm-up requests included)")
+        print(f"{'stage':>16} {'dense':>10} {'all':>10}")
+        for stage, v in summary.items():
+            if ":" in stage:
+                continue
+            other = summary.get(f"colbert+sparse:{stage}", {}).get("p50_us", "")
+            print(f"{stage:>16} {v['p50_us']:>10} {other:>10}")
+
+
+def random_folder(shape: str, path: Path, colbert_dim: int | None = None) -> Path:
     from rose_backend.testing.m3_folders import center_sparse_bias, make_m3_folder, write_heads
     if shape == "tiny":
-        return make_m3_folder(path, hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512)
+        return make_m3_folder(path, hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512,
+                              colbert_dim=colbert_dim)
     from rose_backend.testing.folders import make_folder
     device = "cuda" if torch.cuda.is_available() else "cpu"
     make_folder("bge-m3", path, device=device)
@@ -116,7 +146,7 @@ def run(url: str, args, vocab: int) -> list[dict]:
     conn = StreamConnection(url)
     rows = []
     try:
-        for seqs, tokens in CELLS:
+        for seqs, tokens in args.cells:
             modes = {"dense": ["EMBEDDINGS"], "all": ALL}
             for _ in range(args.warmup):
                 for outs in modes.values():

@@ -202,6 +202,7 @@ def main(argv=None) -> int:
                     help="a rose config.pbtxt parameter for the soak's server (repeatable)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default="benchmarks/results/soak_gpu.json")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
     import torch
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
     params = {"rose": {"max_queued_tokens": str(args.max_queued_tokens),
                        **dict(kv.split("=", 1) for kv in args.rose_param)}}
     result = {"command": " ".join(["soak_gpu.py"] + (argv if argv is not None else sys.argv[1:])),
-              "git": git_commit(None), "machine": host_info("cuda" if cuda else "cpu"),
+              "git": git_commit(args.git_commit), "machine": host_info("cuda" if cuda else "cpu"),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(folder or "default"),
               "settings": {k: v for k, v in vars(args).items()}, "max_len": max_len}
     out = Path(args.out)
@@ -257,6 +258,8 @@ def main(argv=None) -> int:
                    "rss_mib": rss_mib(pids), "gpu_mib": gpu_mib(pids)}
             minutes.append(row)
             print(f"[soak] {row}", flush=True)
+            result.update(minutes=minutes, counts=dict(soak.counts), samples=samples)
+            save_json(out, result, t_start)                           # a run cut short keeps its minutes
         soak.stop.set()
         for t in threads:
             t.join(args.timeout + 5)

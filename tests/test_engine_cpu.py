@@ -126,7 +126,7 @@ def test_max_seqlen_bound_joins_the_key_for_grid_backends(cfg, eager):
         graph_max_seqlen = True
 
         def plan(self, meta):
-            assert meta.max_seqlen >= max(meta.seq_lens)
+            assert meta.max_seqlen >= max(meta.lens())
             super().plan(meta)
 
     g = Engine(cfg, graphs=True, attention="test_bound_loop", max_tokens=1024, max_seqs=8)

@@ -21,6 +21,7 @@ import torch
 
 from rose_backend.engine.backend_table import TABLE_PATH
 from rose_backend.layers.attention import AttentionMetadata, AttentionShape, available_backends, make_backend
+from rose_bench.engine_bench import events_ms
 
 SHAPES = {  # name -> shape
     "bge-m3": AttentionShape(16, 16, 64, torch.bfloat16),
@@ -60,16 +61,9 @@ def time_backend(be, shape, cu_np, t, reps=10):
     with torch.cuda.graph(g):
         for _ in range(reps):
             be.run(q, k, v)
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
+    us = events_ms(g.replay, 5) * 1000 / reps
     del g
-    return float(np.median(times))
+    return us
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,9 @@
 """Host path of one request through Triton: perf_analyzer latency of `rose` (token ids) and `embed`
 (one text) at concurrency 1, and where the time goes per stage (ROSE_STAGE_TIMES, see
 rose_backend/serving/stage_clock.py), for each model shape and each `inline_execute` setting.
+In the same server: `floor` (benchmarks/floor_repository: the same request, one GPU round trip and
+no engine), i.e. what Triton's Python backend costs around any GPU model on this host. Then, in a
+server of its own, `embed` with 512-word texts from 16 concurrent clients (p50, p99, throughput).
 
     source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench host-path --out $OUT \
         --models bge-m3,pplx-embed --inline bge-m3=true,false
@@ -23,10 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
+from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy, served_models
 from rose_backend.testing.folders import ids_to_text, make_folder, random_ids
 from rose_bench.perf import run_perf_analyzer, write_input_data
-from rose_bench.record import git_commit, host_info
+from rose_bench.record import git_commit, host_info, repo_root
+
+FLOOR_REPOSITORY = repo_root() / "benchmarks" / "floor_repository"
 
 
 def text_input(path: Path, vocab: int, words: int, variants: int = 16) -> Path:
@@ -47,9 +52,11 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
     shutil.rmtree(stage_dir, ignore_errors=True)
     repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{model}-{inline}",
                            {"rose": {"inline_execute": inline, "precapture": "1:128,1:512"}})
+    shutil.copytree(FLOOR_REPOSITORY / "floor", repo / "floor", ignore=shutil.ignore_patterns("__pycache__"))
     ports = free_ports()
     srv = TritonProcess(str(folder), repo, ports, log_file=work / f"triton-{model}-{inline}.log",
-                        env=dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)))
+                        env=dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)),
+                        models=served_models(str(folder)) + ("floor",))
     t0 = time.monotonic()
     srv.start()
     out: dict = {"inline_execute": inline}
@@ -57,13 +64,16 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
         srv.wait_ready(timeout=420)
         out["ready_s"] = round(time.monotonic() - t0, 1)
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-        runs = {f"rose 1x{n} ids": ("rose", write_input_data(work / f"ids_{model}_{n}.json", vocab, n)) for n in (128, 512)}
-        runs["embed one 128-word text"] = ("embed", text_input(work / f"text_{model}_128.json", vocab, 128))
+        ids = {n: write_input_data(work / f"ids_{model}_{n}.json", vocab, n) for n in (128, 512)}
+        runs = {f"rose 1x{n} ids": ("rose", ids[n], 1) for n in (128, 512)}
+        runs.update({f"floor 1x{n} ids": ("floor", ids[n], 1) for n in (128, 512)})
+        runs["embed one 128-word text"] = ("embed", text_input(work / f"text_{model}_128.json", vocab, 128), 1)
         metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
-        for name, (served, data) in runs.items():
+        for name, (served, data, clients) in runs.items():
             before = {k: triton_metric(metrics, k, "tokenize") for k in
                       ("nv_inference_compute_infer_duration_us", "nv_inference_queue_duration_us", "nv_inference_request_success")}
-            res = run_perf_analyzer(srv.grpc_url, served, data, work / f"pa-{model}-{inline}-{len(out)}.csv", interval_ms)
+            res = run_perf_analyzer(srv.grpc_url, served, data, work / f"pa-{model}-{inline}-{len(out)}.csv", interval_ms,
+                                    concurrency=clients)
             if served == "embed":
                 after = {k: triton_metric(metrics, k, "tokenize") for k in before}
                 n = after["nv_inference_request_success"] - before["nv_inference_request_success"]
@@ -81,12 +91,32 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
     return out
 
 
+def concurrent_server(folder: Path, model: str, work: Path, interval_ms: int, clients: int = 16) -> dict:
+    """`embed` with 512-word texts from `clients` concurrent clients, a server of its own (no stage
+    clock: its samples would mix with the single-client ones): p50, p99, requests per second."""
+    repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{model}-c{clients}", {})
+    srv = TritonProcess(str(folder), repo, free_ports(), log_file=work / f"triton-{model}-c{clients}.log")
+    srv.start()
+    try:
+        srv.wait_ready(timeout=420)
+        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+        res = run_perf_analyzer(srv.grpc_url, "embed", text_input(work / f"text_{model}_512.json", vocab, 512),
+                                work / f"pa-{model}-c{clients}.csv", interval_ms, concurrency=clients)
+        if res.get("p50_ms"):
+            res["p99_over_p50"] = round(res["p99_ms"] / res["p50_ms"], 3)
+        print(model, f"embed 512-word texts, {clients} clients", json.dumps(res), flush=True)
+        return res
+    finally:
+        srv.stop()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/host_path")
     ap.add_argument("--models", default="bge-m3,pplx-embed")
     ap.add_argument("--inline", default="", help="per model: MODEL=true,false;MODEL2=true (default: true)")
     ap.add_argument("--interval-ms", type=int, default=3000)
+    ap.add_argument("--clients", type=int, default=16, help="concurrent clients of the embed 512-word run (0: none)")
     ap.add_argument("--work", default="/tmp/rose-host-path")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args(argv)
@@ -104,6 +134,13 @@ def main(argv=None) -> int:
                 result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms)
             except Exception as e:
                 result["runs"][f"{model}/inline={inline}"] = {"error": f"{type(e).__name__}: {e}"}
+            (out / "host_path.json").write_text(json.dumps(result, indent=1))
+        if args.clients:
+            try:
+                result["runs"][f"{model}/embed 512-word texts, {args.clients} clients"] = concurrent_server(
+                    folder, model, work, args.interval_ms, args.clients)
+            except Exception as e:
+                result["runs"][f"{model}/embed 512-word texts, {args.clients} clients"] = {"error": f"{type(e).__name__}: {e}"}
             (out / "host_path.json").write_text(json.dumps(result, indent=1))
     for key, run in result["runs"].items():
         print(key, json.dumps(run.get("stages", run))[:2000], flush=True)

@@ -10,7 +10,8 @@ Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a b
 `token_outputs` names them runs the heads on the final hidden states of every token, in the same
 pass (a graph of its own per configuration, keyed apart from the dense-only one, so dense-only
 batches run exactly the graphs they ran before), and its handle carries the results as `extras`
-({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only).
+({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only), copied back into pinned buffers of
+the step's slot (reused: valid until the slot comes round again, as the dense rows' buffer).
 """
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ class Engine:
             avail = available_backends(self.shape, self.device)
             graphable = [n for n in avail if not cuda or backend_class(n).supports_cuda_graphs]
             self.available = graphable or avail
+        self._chosen: dict[tuple[int, int], str] = {}     # (seqs, tokens) -> backend_for's answer
         if isinstance(backend_table, BackendTable):
             self.table = backend_table
         else:
@@ -152,12 +154,16 @@ class Engine:
         return be
 
     def backend_for(self, seqs: int, tokens: int) -> str:
-        """The attention backend this engine runs for a configuration."""
+        """The attention backend this engine runs for a configuration (chosen once per configuration)."""
         if self.attention is not None:
             return self.attention
-        fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
-        return self.table.choose(self.shape.key, seqs, tokens, fits or self.available, self.cfg.num_layers,
-                                 {n: backend_class(n).host_plan_us for n in fits or self.available})
+        name = self._chosen.get((seqs, tokens))
+        if name is None:
+            fits = [n for n in self.available if tokens <= getattr(backend_class(n), "max_tokens", tokens)]
+            name = self._chosen[(seqs, tokens)] = self.table.choose(
+                self.shape.key, seqs, tokens, fits or self.available, self.cfg.num_layers,
+                {n: backend_class(n).host_plan_us for n in fits or self.available})
+        return name
 
     def _use(self, name: str) -> AttentionBackend:
         be = self._backend(name)
@@ -201,7 +207,8 @@ class Engine:
             marks.append(("launched", time.perf_counter_ns()))
         fits = s <= slot.out.shape[0]
         lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None,
-                               extras=extras)
+                               extras=extras, extras_host=slot.extras_host(extras) if fits and slot.pinned else None,
+                               copy_extras=key is not None)     # graphs' static outputs are overwritten
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))
@@ -245,8 +252,7 @@ class Engine:
             key = (*key, "m3")          # the graph with the heads; the attention plan is shared
         self.last_key = key
         cu_host = slot.staging[layout.cu]
-        lens = np.diff(slot.np[layout.cu]).tolist()
-        be.plan(AttentionMetadata(v.cu, bound, lens, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
+        be.plan(AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if self.device.type == "cuda":
             if slot.copied is None:
                 slot.copied = torch.cuda.Event()

@@ -29,25 +29,31 @@ class LazyTensor:
     @classmethod
     def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None,
                event: "torch.cuda.Event | None" = None,
-               extras: dict[str, torch.Tensor] | None = None) -> "LazyTensor":
+               extras: dict[str, torch.Tensor] | None = None,
+               extras_host: dict[str, torch.Tensor] | None = None, copy_extras: bool = True) -> "LazyTensor":
         """Queue src[:rows] -> host. `host`, if given, is a (pinned) buffer of at least src's shape
         that nothing else writes until this handle is synchronized or detached; `event`, if given,
         is recorded after the copy (the owner of a buffer ring reuses one per buffer). `extras`:
-        named device tensors (already cut to their real rows) copied back behind the same event."""
+        named device tensors (already cut to their real rows) copied back behind the same event,
+        into `extras_host` (pinned buffers of their shapes, reused by the ring as `host` is) or new
+        pinned memory. On the CPU, `copy_extras=False` hands the extras over without a copy (for
+        tensors that nothing overwrites: an eager pass's own outputs, not a graph's static ones)."""
         rows = src.shape[0] if rows is None else rows
         if src.device.type != "cuda":
             lt = cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
-            # copies: a graph's static outputs are overwritten by its next replay, and the serving
-            # layer keeps these rows until their request is answered
-            lt.extras = {k: v.detach().to("cpu", torch.float32, copy=True).numpy() for k, v in (extras or {}).items()}
+            # a graph's static outputs are overwritten by its next replay, and the serving layer
+            # keeps these rows until their request's piece is delivered
+            lt.extras = {k: v.detach().to("cpu", torch.float32, copy=copy_extras).numpy()
+                         for k, v in (extras or {}).items()}
             return lt
         if host is None:
             host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         host[:rows].copy_(src[:rows], non_blocking=True)      # cudaMemcpyAsync behind the forward pass
         copies = {}
-        for k, v in (extras or {}).items():                   # pinned (cached by torch's host allocator)
-            copies[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
-            copies[k].copy_(v, non_blocking=True)
+        for k, v in (extras or {}).items():
+            dst = extras_host[k] if extras_host else torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+            copies[k] = dst
+            dst.copy_(v, non_blocking=True)
         event = event or torch.cuda.Event()
         event.record()
         return cls(host, event, rows, copies)
@@ -62,8 +68,8 @@ class LazyTensor:
             self._event.synchronize()
         out = self._host[: self._rows].float().numpy().copy()
         self._host, self._event, self.done = torch.from_numpy(out), None, True   # the ring may reuse the buffer now
-        if self._extras:
-            self.extras = {k: v.float().numpy() for k, v in self._extras.items()}
+        if self._extras:                            # float32 already (the heads' outputs): no copy
+            self.extras = {k: v.numpy() for k, v in self._extras.items()}
             self._extras = {}
         return out.copy()
 
@@ -72,5 +78,6 @@ class LazyTensor:
         if self._event is not None:
             self._event.synchronize()
             self._host = self._host[: self._rows].clone()
+            self._extras = {k: v.clone() for k, v in self._extras.items()}
             self._event = None
         self.done = True

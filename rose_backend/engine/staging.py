@@ -63,6 +63,21 @@ class Slot:
         self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
         self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
         self.lt = None                                   # the LazyTensor that last used `out`
+        self.pinned = pinned
+        self.extras: dict[str, torch.Tensor] = {}        # token-level outputs' host buffers (grown, reused)
+
+    def extras_host(self, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Host buffers of `extras`' shapes for this slot's batch: views of buffers kept per name and
+        grown (rows to a power of two) when too small, so a step allocates no pinned memory."""
+        out = {}
+        for name, t in extras.items():
+            buf = self.extras.get(name)
+            n = t.shape[0]
+            if buf is None or buf.shape[0] < n or buf.shape[1:] != t.shape[1:] or buf.dtype != t.dtype:
+                rows = 1 << max(10, (n - 1).bit_length())
+                buf = self.extras[name] = torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=self.pinned)
+            out[name] = buf[:n]
+        return out
 
 
 class DeviceViews:
@@ -81,27 +96,26 @@ def stage(batch: PackedBatch, layout: Layout, out: np.ndarray, pad_id: int, aran
     """Write `batch` padded to `layout` into `out` (a slot's int32 staging); return the words used.
     `arange` is a cached 0..Tb-1; `positions` overrides the per-sequence positions (token types)."""
     s, t, sb, tb = batch.num_seqs, batch.num_tokens, layout.sb, layout.tb
-    lens = batch.seq_lens.astype(np.int32)
-    ids, pos, seq = out[layout.ids], out[layout.pos], out[layout.seq]
+    ids, pos, seq, cu = out[layout.ids], out[layout.pos], out[layout.seq], out[layout.cu]
+    inv = out[layout.inv].view(np.float32)
     ids[:t] = batch.input_ids
     ids[t:] = pad_id
-    if positions is not None:
-        pos[:t] = positions
-        seq[:t] = np.repeat(np.arange(s, dtype=np.int32), lens)
-    elif s == 1:                       # one sequence (the online case): no per-token index math
-        pos[:t] = arange[:t]
-        seq[:t] = 0
-    else:
-        pos[:t] = batch.positions()
-        seq[:t] = np.repeat(np.arange(s, dtype=np.int32), lens)
     pos[t:] = 0
     seq[t:] = sb                                              # padding rows pool into the dummy
-    cu = out[layout.cu]
     cu[0] = 0
-    np.cumsum(lens, out=cu[1:s + 1])
-    cu[s + 1:sb + 1] = t                                      # empty sequences
+    if s == 1 and positions is None:   # one sequence (the online case): scalars, no per-token index math
+        pos[:t] = arange[:t]
+        seq[:t] = 0
+        cu[1:sb + 1] = t
+        inv[0] = 1.0 / t
+        inv[1:] = 0.0
+    else:
+        lens = batch.seq_lens.astype(np.int32, copy=False)
+        pos[:t] = batch.positions() if positions is None else positions
+        seq[:t] = np.repeat(np.arange(s, dtype=np.int32), lens)
+        np.cumsum(lens, out=cu[1:s + 1])
+        cu[s + 1:sb + 1] = t                                  # empty sequences
+        inv[:s] = 1.0 / lens
+        inv[s:] = 0.0
     cu[sb + 1] = tb                                           # the dummy holds the padding
-    inv = out[layout.inv].view(np.float32)
-    inv[:s] = 1.0 / lens
-    inv[s:] = 0.0
     return layout.words

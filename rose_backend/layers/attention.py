@@ -34,7 +34,7 @@ class AttentionMetadata:
     """Per-batch layout of a packed batch, set by the engine before the forward pass."""
     cu_seqlens: torch.Tensor          # [S + 1] int32, on the model's device
     max_seqlen: int                   # an upper bound on the longest sequence (exact when eager)
-    seq_lens: list[int]               # host copy of the lengths (for paths that loop on the host)
+    seq_lens: list[int] | None        # host copy of the lengths; None: computed from the host cu_seqlens on use
     causal: bool = False
     graph_key: Hashable | None = None  # set when cu_seqlens is a graph configuration's fixed buffer
     cu_seqlens_host: torch.Tensor | None = None   # [S + 1] int32 on the CPU (planning without a sync)
@@ -43,6 +43,12 @@ class AttentionMetadata:
         if self.cu_seqlens_host is None:
             self.cu_seqlens_host = self.cu_seqlens.to("cpu")
         return self.cu_seqlens_host
+
+    def lens(self) -> list[int]:
+        """The sequence lengths (only the paths that loop on the host need them as a list)."""
+        if self.seq_lens is None:
+            self.seq_lens = self.host_cu().diff().tolist()
+        return self.seq_lens
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,7 +96,7 @@ class AttentionBackend(abc.ABC):
 class SdpaLoopBackend(AttentionBackend):
     """Reference path for any device: one scaled_dot_product_attention call per sequence.
 
-    The loop runs on the host over `meta.seq_lens`, so it cannot be captured in a CUDA graph;
+    The loop runs on the host over `meta.lens()`, so it cannot be captured in a CUDA graph;
     it is the CPU path and the numerical reference for the fused backends.
     """
     name = "sdpa_loop"
@@ -100,7 +106,7 @@ class SdpaLoopBackend(AttentionBackend):
         out = torch.empty_like(q)
         groups = self.shape.num_heads // self.shape.num_kv_heads
         start = 0
-        for n in meta.seq_lens:
+        for n in meta.lens():
             end = start + n
             if n == 0:
                 continue

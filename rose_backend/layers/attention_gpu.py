@@ -146,7 +146,7 @@ class FlashInferBackend(AttentionBackend):
         self._plan_done: torch.cuda.Event | None = None
         self._eager = self._wrapper(graph=False)
         self._graphs: dict = {}
-        self._last_plan: tuple | None = None    # (graph key, sequence lengths) of the last graph plan
+        self._last_plan: tuple | None = None    # (graph key, cu_seqlens bytes) of the last graph plan
         self._active = self._eager
 
     def _wrapper(self, graph: bool, cu: torch.Tensor | None = None):
@@ -166,7 +166,8 @@ class FlashInferBackend(AttentionBackend):
             if w is None:
                 w = self._graphs[meta.graph_key] = self._wrapper(graph=True, cu=meta.cu_seqlens)
         cu = meta.host_cu()
-        if meta.graph_key is not None and self._last_plan == (meta.graph_key, meta.seq_lens):
+        layout = cu.numpy().tobytes() if meta.graph_key is not None else None
+        if layout is not None and self._last_plan == (meta.graph_key, layout):
             self._active = w                    # the same layout as the last plan (the schedule lives
             return                              # in the int workspace all wrappers share): keep it
         if self._plan_done is not None:
@@ -179,7 +180,7 @@ class FlashInferBackend(AttentionBackend):
             self._plan_done = torch.cuda.Event()
         self._plan_done.record()
         self._active = w
-        self._last_plan = (meta.graph_key, list(meta.seq_lens)) if meta.graph_key is not None else None
+        self._last_plan = (meta.graph_key, layout) if layout is not None else None
 
     def run(self, q, k, v):
         return self._active.run(q, k, v)

@@ -12,6 +12,11 @@ defines them (inference/embedder/encoder_only/m3.py, _process_token_weights and
 _process_colbert_vecs): the sparse weights skip the tokenizer's cls / eos / pad / unk ids and keep
 the largest weight of each id; ColBERT drops the first (CLS) token.
 
+Cost: a request's token-level rows are taken piece by piece as its batches are collected
+(collect_piece, EmbeddingService's on_piece), so on a GPU this host work overlaps the next batch's
+forward pass: its sparse pairs at once, its ColBERT rows written once, straight into the request's
+COLBERT array (one slice copy per sequence). build_outputs then only joins the small sparse parts.
+
 Which outputs a request asked for. A request names its outputs (Triton's requested outputs); a
 request that names none is given all of them by Triton, and the `embed` ensemble asks `rose` for
 every output its step maps whatever the client named (Triton 2.51's ensemble_scheduler.cc adds
@@ -160,54 +165,93 @@ def quantize(emb: np.ndarray, encoding: str, ranges: np.ndarray | None = None) -
 def sparse_outputs(input_ids: np.ndarray, seq_lens: np.ndarray, weights: np.ndarray,
                    skip_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per sequence, its unique token ids (ascending) with weight > 0 and the largest weight of
-    each, skipping `skip_ids`: (ids int32 [-1], weights float32 [-1], lens int32 [S])."""
-    seq = np.repeat(np.arange(len(seq_lens), dtype=np.int64), seq_lens)
-    keep = (weights > 0) & ~np.isin(input_ids, skip_ids)
-    key = (seq[keep] << 32) | input_ids[keep].astype(np.int64)
+    each, skipping `skip_ids`: (ids int32 [-1], weights float32 [-1], lens int32 [S]).
+    One sort of (sequence, id) keys, then the largest weight of each run (few numpy calls: at
+    1 x 128 tokens the call overhead is the cost)."""
+    keep = weights > 0
+    for s in skip_ids.tolist():                      # a few ids: cheaper than np.isin's set-up
+        keep &= input_ids != s
     w = weights[keep]
+    if len(seq_lens) == 1:
+        key = input_ids[keep].astype(np.int64)
+    else:
+        seq = np.repeat(np.arange(len(seq_lens), dtype=np.int64), seq_lens)
+        key = (seq[keep] << 32) | input_ids[keep]
+    if key.size == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(len(seq_lens), np.int32)
     order = np.argsort(key, kind="stable")
     key, w = key[order], w[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
+    first = np.empty(key.size, dtype=bool)
+    first[0] = True
+    np.not_equal(key[1:], key[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
     uniq = key[starts]
-    best = np.maximum.reduceat(w, starts) if key.size else np.zeros(0, np.float32)
-    lens = np.bincount((uniq >> 32).astype(np.int64), minlength=len(seq_lens)).astype(np.int32)
-    return (uniq & 0xFFFFFFFF).astype(np.int32), best.astype(np.float32), lens
+    best = np.maximum.reduceat(w, starts).astype(np.float32, copy=False)
+    if len(seq_lens) == 1:
+        lens = np.array([uniq.size], dtype=np.int32)
+    else:
+        lens = np.bincount(uniq >> 32, minlength=len(seq_lens)).astype(np.int32)
+    return (uniq & 0xFFFFFFFF).astype(np.int32), best, lens
+
+
+def copy_without_first(rows: np.ndarray, seq_lens, out: np.ndarray) -> None:
+    """rows [sum(seq_lens), Dc] of consecutive sequences -> out [sum(seq_lens) - len(seq_lens), Dc]:
+    each sequence's rows but its first, one slice copy per sequence (twice np.compress's speed)."""
+    src = dst = 0
+    for n in seq_lens.tolist():
+        out[dst:dst + n - 1] = rows[src + 1:src + n]
+        src += n
+        dst += n - 1
 
 
 def colbert_outputs(vectors, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every token's vector but each sequence's first: (COLBERT [T - S, Dc] f32, lens int32 [S]).
-    `vectors`: [T, Dc], or its pieces [(first token, rows)] in any order (copied once, here)."""
+    `vectors`: [T, Dc], or its pieces [(first token, rows)] in any order, each of whole sequences."""
     pieces = [(0, vectors)] if isinstance(vectors, np.ndarray) else sorted(vectors, key=lambda p: p[0])
-    keep = np.ones(int(seq_lens.sum()), dtype=bool)
-    keep[np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(np.int64)] = False
-    out = np.empty((int(keep.sum()), pieces[0][1].shape[1]), dtype=np.float32)
-    row = 0
+    cu = np.zeros(len(seq_lens) + 1, dtype=np.int64)
+    np.cumsum(seq_lens, out=cu[1:])
+    out = np.empty((int(cu[-1]) - len(seq_lens), pieces[0][1].shape[1]), dtype=np.float32)
     for t0, rows in pieces:
-        k = keep[t0:t0 + len(rows)]
-        n = int(k.sum())
-        np.compress(k, rows, axis=0, out=out[row:row + n])
-        row += n
+        first, last = np.searchsorted(cu, [t0, t0 + len(rows)])
+        copy_without_first(rows, seq_lens[first:last], out[cu[first] - first:cu[last] - last])
     return out, (seq_lens - 1).astype(np.int32)
 
 
-def joined(pieces) -> np.ndarray:
-    """[(first token, rows)] -> the rows in token order, one array."""
-    pieces = sorted(pieces, key=lambda p: p[0])
-    return pieces[0][1] if len(pieces) == 1 else np.concatenate([r for _, r in pieces])
+def collect_piece(request, first: int, last: int, rows: dict[str, np.ndarray], skip_ids: np.ndarray) -> None:
+    """EmbeddingService's on_piece: take the token-level rows of sequences [first, last) of a request
+    as their batch is collected (the rows are the engine's reused buffers: nothing is kept of them).
+    Sparse: that piece's (ids, weights, lens) at once. ColBERT: written once, straight into the
+    request's COLBERT array (a request in one piece of one sequence keeps a view instead: it is
+    answered before the engine reuses the buffer)."""
+    lens = request.seq_lens[first:last]
+    t0, t1 = int(request.offsets[first]), int(request.offsets[last])
+    res = request.token_results
+    if "sparse" in rows:
+        res.setdefault("sparse", []).append((first, *sparse_outputs(request.input_ids[t0:t1], lens, rows["sparse"],
+                                                                   skip_ids)))
+    if "colbert" in rows:
+        vecs = rows["colbert"]
+        if first == 0 and last == request.num_seqs == 1:
+            res["colbert"] = vecs[1:]
+            return
+        out = res.get("colbert")
+        if out is None:
+            out = res["colbert"] = np.empty((request.num_tokens - request.num_seqs, vecs.shape[1]), dtype=np.float32)
+        copy_without_first(vecs, lens, out[t0 - first:t1 - last])
 
 
-def build_outputs(request, opts: OutputOptions, normalize: bool, ranges: np.ndarray | None,
-                  skip_ids: np.ndarray) -> list[tuple[str, np.ndarray]]:
-    """(name, array) pairs for one finished request (a scheduler.Request with its results)."""
+def build_outputs(request, opts: OutputOptions, normalize: bool, ranges: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
+    """(name, array) pairs for one finished request (a scheduler.Request whose token-level results
+    collect_piece took)."""
     out = []
     if "EMBEDDINGS" in opts.names:
         out.append(("EMBEDDINGS", dense_output(request.output, opts, normalize, ranges)))
     if "sparse" in opts.token_outputs:
-        ids, w, lens = sparse_outputs(request.input_ids, request.seq_lens, joined(request.token_results["sparse"]),
-                                      skip_ids)
-        out += [(n, a) for n, a in zip(SPARSE_OUTPUTS, (ids, w, lens)) if n in opts.names]
+        pieces = sorted(request.token_results["sparse"], key=lambda p: p[0])
+        parts = pieces[0][1:] if len(pieces) == 1 else [np.concatenate(a) for a in zip(*(p[1:] for p in pieces))]
+        out += [(n, a) for n, a in zip(SPARSE_OUTPUTS, parts) if n in opts.names]
     if "colbert" in opts.token_outputs:
-        vecs, lens = colbert_outputs(request.token_results["colbert"], request.seq_lens)
+        vecs, lens = request.token_results["colbert"], (request.seq_lens - 1).astype(np.int32)
         out += [(n, a) for n, a in zip(COLBERT_OUTPUTS, (vecs, lens)) if n in opts.names]
     return out
 

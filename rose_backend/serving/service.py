@@ -47,11 +47,14 @@ class EmbeddingService:
     def __init__(self, engine, on_complete: Callable[[Request], None], *,
                  max_batch_tokens: int = RoseSettings.max_batch_tokens, max_batch_seqs: int = RoseSettings.max_batch_seqs,
                  max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens,
-                 inline: bool = True, clock=None):
+                 inline: bool = True, clock=None, on_piece: Callable | None = None):
         """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); inline: run a
-        lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock."""
+        lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock;
+        on_piece(request, first seq, last seq, {name: rows}): takes a piece's sparse / ColBERT rows as
+        its batch is collected (views of reused buffers: valid in the call and the on_complete it leads to)."""
         self.engine = engine
         self.on_complete = on_complete
+        self.on_piece = on_piece
         self.inline = inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
@@ -69,8 +72,9 @@ class EmbeddingService:
 
     # ---- any thread -------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
-        if request.num_seqs == 0:
-            raise ValueError("a request needs at least one sequence")
+        if request.num_seqs == 0 or (request.token_outputs and self.on_piece is None):
+            raise ValueError("a request needs at least one sequence" if request.num_seqs == 0 else
+                             "this service takes no token-level outputs (no on_piece handler)")
         with self._cond:
             if self._stopping:
                 raise ShuttingDown(SHUTTING_DOWN)
@@ -273,8 +277,12 @@ class EmbeddingService:
                 r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
             n = p.last - p.first
             r.output[p.first:p.last] = emb[p.row:p.row + n]
-            for name in r.token_outputs:        # token-level rows: views kept, copied once when built
-                r.token_results.setdefault(name, []).append((t0, extras[name][token - (t1 - t0):token]))
+            if r.token_outputs:      # token rows taken now (the buffers are reused); a failure fails r only
+                try:
+                    self.on_piece(r, p.first, p.last, {k: extras[k][token - (t1 - t0):token] for k in r.token_outputs})
+                except Exception as e:
+                    log.exception("taking the token-level outputs of a request failed")
+                    r.error = r.error or f"taking the token-level outputs failed: {type(e).__name__}: {e}"
             r.remaining -= n
             if r.remaining == 0:
                 self._finish(r)
@@ -319,7 +327,7 @@ class EmbeddingService:
         except Exception:
             log.exception("sending a response failed")
         if self.clock is not None and r.error is None:
-            self.clock.finish(r)
+            self.clock.finish(r, "+".join(sorted(r.token_outputs)))   # dense-only: ungrouped
         _release(r)
 
 

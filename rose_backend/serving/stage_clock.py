@@ -4,6 +4,7 @@
     clock.mark(request, "received")         # first mark of a request
     clock.mark(request, "validated")        # ... each later mark closes the stage named by it
     clock.finish(request)                   # the request's stage durations join the samples
+    clock.finish(request, "colbert")        # ... kept apart, as "colbert:<stage>" (one kind of request)
     clock.write()                           # <folder>/rose_<pid>.json: {stage: {"n", "p50_us", "p99_us", "mean_us"}}
 
 A stage's duration is the time from the previous mark of the same request to its own mark, so the
@@ -41,18 +42,20 @@ class StageClock:
         """Record that `holder` (any object with a `marks` list attribute) reached `stage`."""
         holder.marks.append((stage, time.perf_counter_ns() if at is None else at))
 
-    def finish(self, holder) -> None:
+    def finish(self, holder, group: str = "") -> None:
         marks = holder.marks
+        prefix = f"{group}:" if group else ""
         with self._lock:
             for (_, t0), (stage, t1) in zip(marks, marks[1:]):
-                if stage not in self.samples:
-                    self.order.append(stage)
-                self.samples[stage].append(t1 - t0)
+                self._add(prefix + stage, t1 - t0)
             if len(marks) > 1:
-                if "total" not in self.samples:
-                    self.order.append("total")
-                self.samples["total"].append(marks[-1][1] - marks[0][1])
+                self._add(prefix + "total", marks[-1][1] - marks[0][1])
         holder.marks = []
+
+    def _add(self, stage: str, ns: int) -> None:
+        if stage not in self.samples:
+            self.order.append(stage)
+        self.samples[stage].append(ns)
 
     def summary(self) -> dict:
         with self._lock:

@@ -18,6 +18,7 @@ with the FINAL flag, and nothing after it.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -28,7 +29,8 @@ import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.outcomes import Unavailable
-from rose_backend.serving.outputs import OutputOptions, build_outputs, load_ranges, parse_options, special_token_ids
+from rose_backend.serving.outputs import (OutputOptions, build_outputs, collect_piece, load_ranges, parse_options,
+                                          special_token_ids)
 from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
@@ -73,14 +75,16 @@ class RoseModel:
                 inline = "true" if self.engine.device.type == "cuda" else "false"
             self.clock = StageClock.from_env("rose")
             self.engine.mark_stages = self.clock is not None
-            self.service = EmbeddingService(
-                self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
-                max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
-                inline=inline == "true", clock=self.clock)
             self.drain_timeout = s.drain_timeout_s
             self.normalize = cfg.normalize
             self.ranges = load_ranges(s.quantization_ranges or None, cfg.model_dir)
-            self.skip_ids = special_token_ids(cfg.model_dir) if self.engine.heads is not None else None
+            on_piece = None
+            if self.engine.heads is not None:
+                on_piece = functools.partial(collect_piece, skip_ids=special_token_ids(cfg.model_dir))
+            self.service = EmbeddingService(
+                self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
+                max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
+                inline=inline == "true", clock=self.clock, on_piece=on_piece)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = _Metrics(args["model_name"], args.get("model_version", "1"), self)
@@ -152,10 +156,12 @@ class RoseModel:
         if r.error is None:
             try:
                 outputs = [("SCORES", r.output[:, 0].copy())] if self.output_name == "SCORES" else \
-                    build_outputs(r, r.options or _DENSE, self.normalize, self.ranges, self.skip_ids)
+                    build_outputs(r, r.options or _DENSE, self.normalize, self.ranges)
             except Exception as e:
                 log.exception("rose: building the outputs of a request failed")
                 r.error = f"building the outputs failed: {type(e).__name__}: {e}"
+            if self.clock is not None:
+                self.clock.mark(r, "outputs_built")
         if r.error is None:
             response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outputs])
         else:

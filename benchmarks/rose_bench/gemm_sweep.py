@@ -1,0 +1,86 @@
+"""The projections of both model shapes as bare GEMMs (bf16, GPU): which call form is fastest at each
+token count. Issue 14's profiles show the forward pass GEMM-bound (1 x 128: the BGE-M3 QKV GEMM runs
+at ~0.9 TB/s of weights, a third of the H200's bandwidth), so this times, per (tokens, N, K):
+
+    linear      F.linear(x, W), W [N, K] (what the models call today)
+    matmul_t    x @ Wt, Wt = W.t().contiguous() [K, N] (the other cuBLAS layout)
+    cublaslt    F.linear with torch.backends.cuda.preferred_blas_library("cublaslt")
+    cublas      F.linear with preferred_blas_library("cublas")
+
+Each form runs 50 times inside one CUDA graph (no launch gaps), median of 10 replays per call; the
+table gives us per call and the weight bandwidth it reaches (GB/s). JSON: command, commit, machine.
+
+    python -m rose_bench gemm-sweep --out $OUT --git-commit <c>
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rose_bench.engine_bench import events_ms
+from rose_bench.record import git_commit, host_info
+
+# (name, N, K) of each projection: BGE-M3 (XLM-R large) and pplx-embed (Qwen3 0.6B)
+SHAPES = [("bge qkv", 3072, 1024), ("bge o", 1024, 1024), ("bge up", 4096, 1024), ("bge down", 1024, 4096),
+          ("pplx qkv", 4096, 1024), ("pplx o", 1024, 2048), ("pplx gate_up", 6144, 1024), ("pplx down", 1024, 3072)]
+FORMS = ("linear", "matmul_t", "cublaslt", "cublas")
+
+
+def time_form(form: str, x, w, wt, reps: int = 50) -> float:
+    import torch
+    import torch.nn.functional as F
+    lib = {"cublaslt": "cublaslt", "cublas": "cublas"}.get(form)
+    prev = torch.backends.cuda.preferred_blas_library()
+    if lib:
+        torch.backends.cuda.preferred_blas_library(lib)
+    try:
+        fn = (lambda: x @ wt) if form == "matmul_t" else (lambda: F.linear(x, w))
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+        return events_ms(g.replay, 10) * 1e3 / reps
+    finally:
+        torch.backends.cuda.preferred_blas_library(prev)
+
+
+def main(argv=None) -> int:
+    import torch
+    ap = argparse.ArgumentParser(prog="python -m rose_bench gemm-sweep", description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="128,512,4096,16384")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gemm-sweep needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = []
+    print(f"{'shape':<13} {'tokens':>6} " + " ".join(f"{f + ' us':>12}" for f in FORMS) + "  best   GB/s(best)")
+    for name, n, k in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        wt = w.t().contiguous()
+        for m in (int(t) for t in args.tokens.split(",")):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            us = {f: round(time_form(f, x, w, wt), 2) for f in FORMS}
+            best = min(us, key=us.get)
+            gbs = (n * k + m * k + m * n) * 2 / (us[best] * 1e-6) / 1e9
+            rows.append({"shape": name, "n": n, "k": k, "tokens": m, "us": us, "best": best,
+                         "tflops_best": round(2 * m * n * k / (us[best] * 1e-6) / 1e12, 1), "gbs_best": round(gbs)})
+            print(f"{name:<13} {m:>6} " + " ".join(f"{us[f]:>12.2f}" for f in FORMS) + f"  {best:<9} {gbs:>7.0f}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit), "machine": host_info("cuda"),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+    (out / "gemm_sweep.json").write_text(json.dumps(result, indent=1))
+    print(f"saved {out / 'gemm_sweep.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The client's hand decode of large stream responses (transport._decode) against protobuf's own."""
+import numpy as np
+import pytest
+from rose_client.transport import _LARGE, ServerError, _decode, _outputs
+from tritonclient.grpc import service_pb2
+
+
+def _message(arrays: dict, error: str = "") -> service_pb2.ModelStreamInferResponse:
+    m = service_pb2.ModelStreamInferResponse(error_message=error)
+    r = m.infer_response
+    r.id, r.model_name, r.model_version = "42", "rose", "1"
+    r.parameters["triton_final_response"].bool_param = True
+    for name, a in arrays.items():
+        o = r.outputs.add()
+        o.name, o.datatype = name, {"float32": "FP32", "int32": "INT32", "int8": "INT8"}[a.dtype.name]
+        o.shape.extend(a.shape)
+        r.raw_output_contents.append(a.tobytes())
+    return m
+
+
+@pytest.mark.parametrize("rows", [3, _LARGE // 4096 + 10])          # the protobuf path, the hand path
+def test_decode_equals_protobuf(rows):
+    rng = np.random.default_rng(rows)
+    arrays = {"EMBEDDINGS": rng.normal(size=(4, 16)).astype(np.float32),
+              "COLBERT": rng.normal(size=(rows, 1024)).astype(np.float32),
+              "COLBERT_LENS": np.arange(4, dtype=np.int32), "EMPTY": np.zeros((0,), np.int8)}
+    raw = _message(arrays).SerializeToString()
+    resp, contents = _decode(raw)
+    assert (contents is None) == (len(raw) < _LARGE)
+    ref = service_pb2.ModelStreamInferResponse.FromString(raw)
+    assert resp.infer_response.id == "42" and resp.infer_response.parameters == ref.infer_response.parameters
+    assert list(resp.infer_response.outputs) == list(ref.infer_response.outputs)
+    got = _outputs(resp.infer_response, contents)
+    assert list(got) == list(arrays)
+    for k, a in arrays.items():
+        np.testing.assert_array_equal(got[k], a)
+        assert got[k].dtype == a.dtype and got[k].shape == a.shape
+
+
+def test_large_error_and_bad_datatype():
+    big = np.ones((_LARGE // 4 + 1,), np.float32)
+    resp, contents = _decode(_message({"COLBERT": big}, error="rose: boom").SerializeToString())
+    assert resp.error_message == "rose: boom"
+    m = _message({"X": big})
+    m.infer_response.outputs[0].datatype = "BF16"
+    resp, contents = _decode(m.SerializeToString())
+    with pytest.raises(ServerError, match="unexpected output datatype BF16"):
+        _outputs(resp.infer_response, contents)
