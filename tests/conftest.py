@@ -106,9 +106,9 @@ def pytest_configure(config):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under xdist, a test marked `exclusive` (one that times work spread over two one-thread servers:
-    it needs both cores) runs, set-up and tear-down included, while the other worker waits: every
-    other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock."""
+    """Under xdist, a test marked `exclusive` (timing-sensitive: work timed on two one-thread servers,
+    servers stopped under traffic) runs, set-up and tear-down included, while the other worker waits:
+    every other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock."""
     path = os.environ.get("ROSE_TEST_CPU_LOCK")
     if path is None or not hasattr(item.config, "workerinput"):
         return (yield)

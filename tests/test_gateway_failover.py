@@ -39,6 +39,7 @@ def stop_under_traffic(srv, gw, expect: int) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.exclusive     # stops and restarts servers under traffic: timing-sensitive, the other xdist worker waits
 def test_replicas_down_then_back():
     with running_server(params=PROMPTS, name="gw-a") as a, running_server(params=PROMPTS, name="gw-b") as b, \
             gateway_for(f"{a.grpc_url},{b.grpc_url}", "failover") as gw:
