@@ -12,6 +12,11 @@ for p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks", ROOT / 
         sys.path.insert(0, str(p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers on the 2-core machine: one torch thread each, so in-process references and
+    # engines do not oversubscribe the cores (the tritonservers are processes of their own)
+    import torch
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
