@@ -49,8 +49,10 @@ serve: install
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)")
 
+# Two pytest-xdist workers (tests/conftest.py keeps each module on one worker): the servers' start-up
+# and shutdown waits of one overlap the other's work.
 test: $(VENV)/.test-installed
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 2 $(PYTEST_ARGS)
 
 # The GPU suite (run on a CUDA host; CI has none and skips it).
 test-gpu: $(VENV)/.test-installed

@@ -15,11 +15,15 @@ if [ $# -gt 0 ] && [[ $1 != -* ]]; then INPUT=$1; shift; fi
 [ -f "$INPUT" ] || { echo "perf_analyzer.sh: input data file $INPUT not found" >&2; exit 2; }
 PY=${PY:-$HERE/../.venv/bin/python}
 PA=$(command -v perf_analyzer || echo "$(dirname "$PY")/perf_analyzer")
-if ! ldd "$PA" | grep -q "not found"; then :; else
+# (grep reads all of ldd's output: with -q it may exit first, and under pipefail ldd's SIGPIPE then
+# made the test read "nothing missing" at random)
+if ldd "$PA" | grep "not found" >/dev/null; then
   LIBS=$("$PY" -c "import importlib.util,pathlib;print(pathlib.Path(importlib.util.find_spec('pytriton').submodule_search_locations[0]).parent/'nvidia_pytriton.libs')")
+  # each link is made under a temporary name and renamed over the old one, so that another run at
+  # the same time (another checkout's tests) never finds it missing
   PALIB=${XDG_CACHE_HOME:-$HOME/.cache}/rose/palib; mkdir -p "$PALIB"
-  ln -sf "$LIBS"/libb64-*.so.0d "$PALIB/libb64.so.0d"
-  ln -sf "$LIBS"/libcudart-*.so.12* "$PALIB/libcudart.so.12"
+  ln -sf "$LIBS"/libb64-*.so.0d "$PALIB/.b64.$$" && mv -f "$PALIB/.b64.$$" "$PALIB/libb64.so.0d"
+  ln -sf "$LIBS"/libcudart-*.so.12* "$PALIB/.cudart.$$" && mv -f "$PALIB/.cudart.$$" "$PALIB/libcudart.so.12"
   export LD_LIBRARY_PATH="$PALIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 SHAPES=$("$PY" -c "import json,sys;d=json.load(open(sys.argv[1]))['data'][0];print(' '.join(f'--shape {k}:{v[\"shape\"][0]}' for k,v in d.items()))" "$INPUT")

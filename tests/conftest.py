@@ -12,6 +12,11 @@ for p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks", ROOT / 
         sys.path.insert(0, str(p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers on the 2-core machine: one torch thread each, so in-process references and
+    # engines do not oversubscribe the cores (the tritonservers are processes of their own)
+    import torch
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -78,19 +83,88 @@ def client(server):
     c.close()
 
 
+# `make test` runs the suite on two pytest-xdist workers (-n 2). Each test module is one unit of work,
+# run on one worker (its module-scoped servers start once); the two modules of the session's
+# `replicas` are one unit (three servers, not six), and test_soak runs right after test_server on
+# the same session server. The longest units go first, so that neither worker is left with a long
+# one at the end. Each worker has its own session servers and checks its own leftovers; the
+# controller fails the run if a worker found any (pytest_testnodedown).
+GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server"}
+LONGEST_FIRST = ("test_server", "test_bench", "replicas", "test_supervision", "test_hardening",
+                 "test_gateway_failover", "test_rerank_server")
+
+
+def group_of(nodeid: str) -> str:
+    name = Path(nodeid.split("::")[0]).stem
+    return GROUPS.get(name, name)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))   # stable: file order within
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):            # the controller (or a run without xdist)
+        os.environ["ROSE_TEST_CPU_LOCK"] = f"/tmp/rose-tests-{os.getpid()}.lock"   # its workers inherit it
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, a test marked `exclusive` (timing-sensitive: work timed on two one-thread servers,
+    servers stopped under traffic) runs, set-up and tear-down included, while the other worker waits:
+    every other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock."""
+    path = os.environ.get("ROSE_TEST_CPU_LOCK")
+    if path is None or not hasattr(item.config, "workerinput"):
+        return (yield)
+    import fcntl
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH)
+        return (yield)                               # closing the file releases the lock
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with group_of() as the scope, in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return ModuleGroups(config, log)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Fail the session if it leaves a tritonserver, a stub or a /dev/shm/rose_* segment behind
-    (only what this session started: tests/leftovers.py). Stubs get 10 s to notice a dead server."""
+    (only what this session started: tests/leftovers.py), once every server stopped in the
+    background (tests/server.py) has exited. Stubs get 10 s to notice a dead server."""
     import leftovers
+    import server
+    server.wait_stopped()
     procs, segs = leftovers.wait_gone(timeout=10.0)
-    if not procs and not segs:
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lines = ["the test session left behind:"] + [f"  process {pid}: {cmd[:200]}" for pid, cmd in procs.items()]
-    lines += [f"  /dev/shm/{name}" for name in segs]
-    if reporter is not None:
-        reporter.write_line("\n".join(lines), red=True)
-    else:
-        print("\n".join(lines))
+    lines = [f"  process {pid}: {cmd[:200]}" for pid, cmd in procs.items()] + [f"  /dev/shm/{name}" for name in segs]
     leftovers.remove(procs, segs)
+    if hasattr(session.config, "workeroutput"):                  # an xdist worker: the controller reports
+        session.config.workeroutput["rose_leftovers"] = lines
+        return
+    Path(os.environ.pop("ROSE_TEST_CPU_LOCK")).unlink(missing_ok=True)       # pytest_runtest_protocol
+    lines += getattr(session.config, "rose_worker_leftovers", [])
+    if not lines:
+        return
+    text = "\n".join(["the test session left behind:"] + lines)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(text, red=True)
+    else:
+        print(text)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: collect what a worker's session left behind (pytest_sessionfinish)."""
+    lines = getattr(node, "workeroutput", {}).get("rose_leftovers", [])
+    found = getattr(node.config, "rose_worker_leftovers", [])
+    node.config.rose_worker_leftovers = found + [f"{line} (worker {node.gateway.id})" for line in lines]

@@ -57,21 +57,22 @@ def test_jsonl_to_parquet_and_parquet_to_npy(server, tmp_path, capsys):
 
 
 def test_txt_to_npy_killed_midway_then_resumed(server, tmp_path):
-    data = texts(1500)
+    n, block = 600, 20                                  # 30 blocks: killed after 4 of them
+    data = texts(n)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(data) + "\n")
     full = tmp_path / "full.npy"
     r = subprocess.run([sys.executable, "-m", "rose_client.cli", str(src), str(full), "--url", server.grpc_url,
-                        "--block", "50"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "client")},
+                        "--block", str(block)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "client")},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "emb/s" in r.stderr and "1500 embeddings (384-dim)" in r.stderr      # the tqdm bar and summary
+    assert "emb/s" in r.stderr and f"{n} embeddings (384-dim)" in r.stderr      # the tqdm bar and summary
     ref = np.load(full)
-    assert ref.shape == (1500, 384)
+    assert ref.shape == (n, 384)
 
     out = tmp_path / "out.npy"
     partial = tmp_path / "out.npy.partial"
-    cmd = [sys.executable, "-m", "rose_client.cli", str(src), str(out), "--url", server.grpc_url, "--block", "50",
+    cmd = [sys.executable, "-m", "rose_client.cli", str(src), str(out), "--url", server.grpc_url, "--block", str(block),
            "--concurrency", "2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "client")},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -81,10 +82,10 @@ def test_txt_to_npy_killed_midway_then_resumed(server, tmp_path):
     proc.send_signal(signal.SIGKILL)                    # no chance to clean up: a crash, not a Ctrl-C
     proc.wait(30)
     written = sorted(partial.glob("part-*.npy"))
-    assert 4 <= len(written) < 30 and not out.exists()
+    assert 4 <= len(written) < n // block and not out.exists()
     for p in written:                                   # what was written is whole and correct
         k = int(p.stem.split("-")[1])
-        assert cos_dist(np.load(p), ref[50 * k:50 * (k + 1)]).max() <= 1e-5
+        assert cos_dist(np.load(p), ref[block * k:block * (k + 1)]).max() <= 1e-5
 
     # without --resume: refuses to clobber the partial run
     r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "client")},
@@ -94,11 +95,11 @@ def test_txt_to_npy_killed_midway_then_resumed(server, tmp_path):
     r = subprocess.run(cmd + ["--resume"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "client")},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    skipped = 50 * len(written)
-    assert f"resuming at row {skipped} of 1500" in r.stderr
-    assert f"{1500 - skipped} embedded in this run" in r.stderr                # nothing recomputed
+    skipped = block * len(written)
+    assert f"resuming at row {skipped} of {n}" in r.stderr
+    assert f"{n - skipped} embedded in this run" in r.stderr                # nothing recomputed
     got = np.load(out)
-    assert got.shape == (1500, 384) and cos_dist(got, ref).max() <= 1e-5
+    assert got.shape == (n, 384) and cos_dist(got, ref).max() <= 1e-5
     assert not partial.exists()
 
     r = subprocess.run(cmd + ["--resume"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "client")},

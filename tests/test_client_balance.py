@@ -81,6 +81,7 @@ def chunked(urls, reqs, budget):
     return makespan, [stats[u]["tokens"] for u in urls], [stats[u]["chunks"] for u in urls], outs
 
 
+@pytest.mark.exclusive                  # timed on two one-thread replicas: the other xdist worker waits
 def test_chunked_least_loaded_balances_a_skewed_workload(replicas):
     shapes, budget = workload(FULL)
     rng = np.random.default_rng(0)

@@ -1,20 +1,17 @@
 """The gateway in front of two real Triton replicas: one stopped, the other serves; both stopped, 503
-with Retry-After (and /health 503); both back, it recovers. And `make serve`'s launcher starts and
-stops the gateway with the servers."""
+with Retry-After (and /health 503); both back, it recovers. (`make serve`'s launcher starting and
+stopping the gateway with the servers: tests/test_server.py.)"""
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 from gateway_fixtures import PROMPTS, gateway_for
-from server import LOG_DIR, running_server
+from server import running_server
 
-from rose_backend.launcher import free_ports, start_gateway
+from rose_backend.launcher import start_gateway
 
 pytestmark = pytest.mark.server
 
@@ -42,6 +39,7 @@ def stop_under_traffic(srv, gw, expect: int) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.exclusive     # stops and restarts servers under traffic: timing-sensitive, the other xdist worker waits
 def test_replicas_down_then_back():
     with running_server(params=PROMPTS, name="gw-a") as a, running_server(params=PROMPTS, name="gw-b") as b, \
             gateway_for(f"{a.grpc_url},{b.grpc_url}", "failover") as gw:
@@ -81,38 +79,7 @@ def test_replicas_down_then_back():
         assert 'rose_gateway_errors_total{endpoint="embeddings",status="503"}' in metrics
 
 
-def test_launcher_starts_and_stops_the_gateway():
-    assert start_gateway(0, "127.0.0.1", None, "127.0.0.1:1") is None        # GATEWAY=0
-    LOG_DIR.mkdir(exist_ok=True)
-    ports, gport = free_ports(), free_ports().grpc
-    log = open(LOG_DIR / "launcher-gateway.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(ports.grpc),
-                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),
-                             "--gateway-port", str(gport)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{gport}"
-    try:
-        end = time.monotonic() + 300
-        while time.monotonic() < end:
-            assert proc.poll() is None, (LOG_DIR / "launcher-gateway.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        r = httpx.post(url + "/v1/embeddings", json={"input": "hello", "model": "all-MiniLM-L6-v2"}, timeout=60)
-        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(90) == 0
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(url + "/health", timeout=5)                 # the gateway stopped with the server
-    finally:
-        if proc.poll() is None:            # a failed check: the launcher stops its server and gateway
-            proc.send_signal(signal.SIGTERM)   # (each in its own session, out of reach of killpg)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
+def test_gateway_port_0_starts_no_gateway():
+    """GATEWAY=0. That the launcher starts and stops the gateway with its servers is checked with
+    the rest of `make serve` (tests/test_server.py::test_launcher_serves_and_stops_on_sigterm)."""
+    assert start_gateway(0, "127.0.0.1", None, "127.0.0.1:1") is None

@@ -43,6 +43,8 @@ def test_warm_up_runs_before_ready():
     request was sent (each configuration runs twice: warm, then capture on a GPU)."""
     from server import running_server
     with running_server(params={"rose": {"precapture": "1:8,2:64"}}, name="warmup") as srv:
-        time.sleep(2.5)                                                    # metrics refresh once a second
+        end = time.monotonic() + 10                                        # metrics refresh once a second
+        while metric(srv, "rose_sequences_total") == 0 and time.monotonic() < end:     # (refreshed last)
+            time.sleep(0.2)
         assert metric(srv, "rose_batches_total") == 4
         assert metric(srv, "rose_sequences_total") == 2 * 1 + 2 * 2

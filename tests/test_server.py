@@ -165,14 +165,17 @@ def test_metrics_are_exported(server, client):
 
 def test_launcher_serves_and_stops_on_sigterm(tmp_path):
     """What `make serve` runs, on the shipped repository and the default model: ready, answers a
-    client, the command of its ready message and README's example run as printed, exits cleanly on
-    SIGTERM."""
+    client, the command of its ready message and README's example run as printed, the HTTP gateway
+    it starts answers; SIGTERM stops the server and the gateway, and the launcher exits cleanly."""
+    import httpx
     from server import free_ports
-    ports = free_ports()
+    ports, gport = free_ports(), free_ports().grpc
     env = dict(os.environ)
     proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(ports.grpc),
-                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),
+                             "--gateway-port", str(gport)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
+    gateway = f"http://127.0.0.1:{gport}"
     lines = []
     try:
         deadline = time.monotonic() + 240
@@ -202,11 +205,22 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path):
                            timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.strip() == "(2, 384) (1, 384) (1, 384)", r.stdout
+        # the OpenAI-compatible gateway in front of it (ready once the launcher printed its message)
+        assert httpx.get(gateway + "/health", timeout=30).status_code == 200
+        r = httpx.post(gateway + "/v1/embeddings", json={"input": "hello", "model": "all-MiniLM-L6-v2"}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        assert proc.wait(90) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(gateway + "/health", timeout=5)                 # the gateway stopped with the server
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:            # a failed check: the launcher stops its server and gateway
+            proc.send_signal(signal.SIGTERM)   # (each in its own session, out of reach of killpg)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def test_perf_analyzer_script_takes_url_then_perf_analyzer_options(server):
