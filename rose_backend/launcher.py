@@ -34,7 +34,7 @@ from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, cache_env, check
 from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, find_triton, server_env, stub_site
 
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
-MODELS = ("tokenize", "rose", "embed")
+MODELS = ("tokenize", "tokenize_batched", "rose", "embed")
 RERANK_MODELS = ("tokenize", "rose", "rerank")
 
 

@@ -25,7 +25,7 @@ MODES = {
                  concurrency=(1, 2), conc_len=32, conc_total=8, conc_warmup=1,
                  gate_lengths=(5, 17, 64, 100), pa_interval_ms=500),
 }
-SYSTEM_MODELS = {"rose": ("tokenize", "rose", "embed"), "naive": ("naive",)}
+SYSTEM_MODELS = {"rose": ("tokenize", "tokenize_batched", "rose", "embed"), "naive": ("naive",)}
 TOKEN_MODEL = {"rose": "rose", "naive": "naive"}
 TEXT_MODEL = {"rose": "embed", "naive": "naive"}
 # The naive model runs on the interpreter's own numpy (no numpy<2 stub site: transformers' imports

@@ -36,7 +36,7 @@ import numpy as np
 from rose_backend.testing import folders
 from rose_backend.testing.compare import cos_dist
 from rose_bench import workloads
-from rose_bench.modes import MODES
+from rose_bench.modes import MODES, SYSTEM_MODELS
 from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, save_json
 
 
@@ -145,7 +145,7 @@ class MultiGpuBench:
                 log_file.unlink(missing_ok=True)
                 servers.append(TritonProcess(str(self.folder), self.repo, free_ports(), log_file=log_file, env=env).start())
             for s in servers:
-                s.wait_ready(timeout=self.args.ready_timeout, models=("tokenize", "rose", "embed"))
+                s.wait_ready(timeout=self.args.ready_timeout, models=SYSTEM_MODELS["rose"])
             urls = [s.grpc_url for s in servers]
             res["ready_s"] = round(time.monotonic() - t0, 2)
             log(f"{name}: {len(servers)} server(s) ready in {res['ready_s']} s: {urls}")
