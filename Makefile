@@ -49,10 +49,11 @@ serve: install
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)")
 
-# Two pytest-xdist workers (tests/conftest.py keeps each module on one worker): the servers' start-up
-# and shutdown waits of one overlap the other's work.
+# Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one
+# worker): much of a server test is waiting on a server's start-up and shutdown, which the others
+# fill (2 workers: 284 s, 3 workers: 256 s on a quiet 2-core machine).
 test: $(VENV)/.test-installed
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 2 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 3 $(PYTEST_ARGS)
 
 # The GPU suite (run on a CUDA host; CI has none and skips it).
 test-gpu: $(VENV)/.test-installed

@@ -13,7 +13,7 @@ for p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks", ROOT / 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # two workers on the 2-core machine: one torch thread each, so in-process references and
+    # several workers on the 2-core machine: one torch thread each, so in-process references and
     # engines do not oversubscribe the cores (the tritonservers are processes of their own)
     import torch
     torch.set_num_threads(1)
@@ -83,7 +83,7 @@ def client(server):
     c.close()
 
 
-# `make test` runs the suite on two pytest-xdist workers (-n 2). Each test module is one unit of work,
+# `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), and test_soak runs right after test_server on
 # the same session server. The longest units go first, so that neither worker is left with a long

@@ -1,4 +1,4 @@
-"""Soak: 16 concurrent streams against a real CPU tritonserver for 1 minute (CI) or 5 (slow); the
+"""Soak: 16 concurrent streams against a real CPU tritonserver for 30 s (CI) or 5 minutes (slow); the
 session's shared default server (tests/conftest.py), which other tests have used before.
 
 Each stream sends requests back to back (texts through `embed`, token ids straight to `rose`,
@@ -52,12 +52,13 @@ def tree_rss(pid: int) -> dict[str, tuple[int, int]]:
     return out
 
 
-@pytest.mark.parametrize("minutes", [1, pytest.param(5, marks=pytest.mark.slow)])
+# CI's run is a 30 s smoke of the soak (the 8-minute soak under faults is benchmarks/soak_gpu.py, on the H200)
+@pytest.mark.parametrize("minutes", [0.5, pytest.param(5, marks=pytest.mark.slow)])
 def test_soak(minutes, server, sentence_model, default_model_dir):
     from rose_ensemble.tokenization import TextTokenizer
     from server import LOG_DIR
 
-    rng = np.random.default_rng(minutes)
+    rng = np.random.default_rng(int(minutes * 60))
     words = "alpha beta gamma delta rose tulip ivy triton embedding server batch token 日本 café 🚀".split()
     pool = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 200, size=96)]
     ref = sentence_model.encode(pool)

@@ -37,11 +37,17 @@ class GatewayProcess:
         env.pop("API_KEY", None)
         if self.api_key:
             env["API_KEY"] = self.api_key          # by environment: kept out of `ps`
+        from rose_backend.supervision import die_with_parent
+        # --owner: the prefix TritonProcess puts on its servers (rose_<pid>_), so whoever started this
+        # gateway finds it in the process table (the tests' leak check)
         cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,
-               "--port", str(self.port)] + (["--model", str(self.model_dir)] if self.model_dir else []) + self.extra_args
+               "--port", str(self.port), "--owner", f"rose_{os.getpid()}_"] + \
+            (["--model", str(self.model_dir)] if self.model_dir else []) + self.extra_args
         out = open(self.log_file, "ab") if self.log_file else None
+        # its own session (a Ctrl-C to the launcher's terminal reaches the launcher only, which stops
+        # the gateway in order), and SIGKILL when the process that started it dies (a killed launcher)
         self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         if out:
             out.close()
         return self

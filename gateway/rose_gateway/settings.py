@@ -44,7 +44,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
     p.add_argument("--max-inputs", type=int, default=2048)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--owner", default=None, help="a label naming who started this gateway, for process "
+                   "listings only (GatewayProcess passes rose_<its pid>_, the prefix the tests' leak check looks for)")
     args = vars(p.parse_args(argv))
     log_level = args.pop("log_level")
+    args.pop("owner")
     settings = GatewaySettings(**args)
     return settings, log_level
