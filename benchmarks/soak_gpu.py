@@ -167,18 +167,20 @@ def oom_phase(args, folder, work: Path, pool: Pool, params: dict) -> dict:
         conn = StreamConnection(srv.grpc_url)
         order = np.argsort([-len(s) for s in pool.ids])
         wrong = failed = 0
+        errors = []
         for k in range(4):                                        # the longest sequences, many at once
             picks = order[(k * 64) % len(order):][:64]
             try:
                 emb = conn.infer("rose", ids_inputs([pool.ids[i] for i in picks])).result(600)["EMBEDDINGS"]
                 wrong += int(cos_dist(emb, np.stack([pool.ref_ids[i] for i in picks])).max() > args.tol)
-            except Exception:
+            except Exception as e:
                 failed += 1
+                errors.append(f"{type(e).__name__}: {e}"[:400])
         after = conn.infer("rose", ids_inputs(pool.ids[:4])).result(600)["EMBEDDINGS"]    # still serving
         conn.close()
         time.sleep(1.5)
         return {"oom_splits": metric(srv, "rose_oom_splits_total"), "requests": 4, "wrong": wrong,
-                "failed": failed, "serving_after": bool(cos_dist(after, np.stack(pool.ref_ids[:4])).max() <= args.tol)}
+                "failed": failed, "errors": errors, "serving_after": bool(cos_dist(after, np.stack(pool.ref_ids[:4])).max() <= args.tol)}
     finally:
         srv.stop()
 
