@@ -191,24 +191,37 @@ class Engine:
         self.last_marks = marks = [] if self.mark_stages else None
         slot = self._take_slot()
         key = self.graphs.key_for(s, t) if self.graphs_on else None
-        with torch.inference_mode():
-            if key is None:
-                out = self._run_unpadded(batch, slot, bool(want))
-            else:
-                out = self._run_static(batch, key, slot, marks, bool(want))
-            extras = {}
-            if want:
-                out, sparse, colbert = out
-                if "sparse" in want:
-                    extras["sparse"] = sparse[:t]                             # [T] f32
-                if "colbert" in want:
-                    extras["colbert"] = colbert[:t]                           # [T, Dc] f32
-        if marks is not None:
-            marks.append(("launched", time.perf_counter_ns()))
-        fits = s <= slot.out.shape[0]
-        lt = LazyTensor.launch(out, s, host=slot.out if fits else None, event=slot.done if fits else None,
-                               extras=extras, extras_host=slot.extras_host(extras) if fits and slot.pinned else None,
-                               copy_extras=key is not None)     # graphs' static outputs are overwritten
+        try:
+            with torch.inference_mode():
+                if key is None:
+                    out = self._run_unpadded(batch, slot, bool(want))
+                else:
+                    out = self._run_static(batch, key, slot, marks, bool(want))
+                extras = {}
+                if want:
+                    out, sparse, colbert = out
+                    if "sparse" in want:
+                        extras["sparse"] = sparse[:t]                             # [T] f32
+                    if "colbert" in want:
+                        extras["colbert"] = colbert[:t]                           # [T, Dc] f32
+            if marks is not None:
+                marks.append(("launched", time.perf_counter_ns()))
+            # all rows of the output (a graph's [Sb + 1, D]: one copy, no slicing on the device side)
+            fits = out.shape[0] <= slot.out.shape[0]
+            lt = LazyTensor.launch(out, s, host=slot.out_rows(out.shape[0]) if fits else None,
+                                   event=slot.done if fits else None, extras=extras,
+                                   extras_host=slot.extras_host(extras) if fits and slot.pinned else None,
+                                   copy_extras=key is not None)     # graphs' static outputs are overwritten
+        except BaseException:
+            # the staging may still be read by a queued host-to-device copy: drain the stream before
+            # the slot is reused (its `done` event no longer follows that copy)
+            slot.lt = None
+            if self.device.type == "cuda":
+                try:
+                    torch.cuda.current_stream(self.device).synchronize()
+                except Exception:
+                    pass
+            raise
         slot.lt = lt
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))
@@ -218,23 +231,22 @@ class Engine:
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         if slot.lt is not None and not slot.lt.done:
-            slot.lt.detach()                    # caller holds more than max_inflight handles
-        if slot.copied is not None:
-            slot.copied.synchronize()           # the staging's last host-to-device copy has run
+            slot.lt.detach()      # caller holds more than max_inflight handles; also: staging read
         return slot
 
     def _run_static(self, batch: PackedBatch, key: Key, slot: Slot, marks: list | None = None,
                     heads: bool = False):
         sb, tb = key
-        layout = Layout(sb, tb)
         st = self.stats
         v = self._views.get(key)
         if v is None:
-            v = self._views[key] = DeviceViews(self._static, layout)
+            v = self._views[key] = DeviceViews(self._static, Layout(sb, tb))
+        layout = v.layout
+        staging, cu_host = slot.layout_views(layout)
         types = batch.token_type_ids is not None and self.type_stride     # BERT segment ids: positions + type rows
-        words = stage(batch, layout, slot.np, self.cfg.pad_token_id, self._arange,
-                      batch.embedding_positions(self.type_stride) if types else None)
-        self._static[:words].copy_(slot.staging[:words], non_blocking=True)
+        stage(batch, layout, slot.np, self.cfg.pad_token_id, self._arange,
+              batch.embedding_positions(self.type_stride) if types else None)
+        v.inputs.copy_(staging, non_blocking=True)
         if marks is not None:
             marks.append(("staged", time.perf_counter_ns()))
         be = self._use(self.backend_for(sb, tb))
@@ -251,12 +263,7 @@ class Engine:
         if heads:
             key = (*key, "m3")          # the graph with the heads; the attention plan is shared
         self.last_key = key
-        cu_host = slot.staging[layout.cu]
         be.plan(AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
-        if self.device.type == "cuda":
-            if slot.copied is None:
-                slot.copied = torch.cuda.Event()
-            slot.copied.record()
         if marks is not None:
             marks.append(("planned", time.perf_counter_ns()))
         st.padded_tokens += tb

@@ -48,7 +48,10 @@ class LazyTensor:
             return lt
         if host is None:
             host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-        host[:rows].copy_(src[:rows], non_blocking=True)      # cudaMemcpyAsync behind the forward pass
+        if host.shape[0] == src.shape[0]:
+            host.copy_(src, non_blocking=True)                # cudaMemcpyAsync behind the forward pass
+        else:
+            host[:rows].copy_(src[:rows], non_blocking=True)
         copies = {}
         for k, v in (extras or {}).items():
             dst = extras_host[k] if extras_host else torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
@@ -66,7 +69,8 @@ class LazyTensor:
         """Block until the result is on the host; return it as float32 [rows, ...] (a copy)."""
         if self._event is not None:
             self._event.synchronize()
-        out = self._host[: self._rows].float().numpy().copy()
+        host = self._host if self._host.dtype == torch.float32 else self._host.float()
+        out = host.numpy()[: self._rows].copy()
         self._host, self._event, self.done = torch.from_numpy(out), None, True   # the ring may reuse the buffer now
         if self._extras:                            # float32 already (the heads' outputs): no copy
             self.extras = {k: v.numpy() for k, v in self._extras.items()}

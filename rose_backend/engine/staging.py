@@ -60,11 +60,29 @@ class Slot:
         self.staging = torch.zeros(words, dtype=torch.int32, pin_memory=pinned)    # a Layout's words
         self.np = self.staging.numpy()
         self.out = torch.empty(out_rows, dim, dtype=torch.float32, pin_memory=pinned)
-        self.copied: torch.cuda.Event | None = None      # recorded after the staging has been read
-        self.done = torch.cuda.Event() if pinned else None   # recorded after `out` is filled (reused)
+        # recorded after `out` is filled (reused); the forward pass and the staging's host-to-device
+        # copy came before it on the stream, so once it has fired the staging may be rewritten too
+        self.done = torch.cuda.Event() if pinned else None
         self.lt = None                                   # the LazyTensor that last used `out`
         self.pinned = pinned
         self.extras: dict[str, torch.Tensor] = {}        # token-level outputs' host buffers (grown, reused)
+        # views made once and reused (slicing a tensor costs a dispatcher call on every step)
+        self._views: dict[Layout, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._out_rows: dict[int, torch.Tensor] = {}
+
+    def layout_views(self, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the staging's first layout.words words, its cu_seqlens range) for `layout`."""
+        v = self._views.get(layout)
+        if v is None:
+            v = self._views[layout] = (self.staging[:layout.words], self.staging[layout.cu])
+        return v
+
+    def out_rows(self, n: int) -> torch.Tensor:
+        """The first n rows of `out` (n <= its rows)."""
+        v = self._out_rows.get(n)
+        if v is None:
+            v = self._out_rows[n] = self.out[:n]
+        return v
 
     def extras_host(self, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Host buffers of `extras`' shapes for this slot's batch: views of buffers kept per name and
@@ -82,9 +100,11 @@ class Slot:
 
 class DeviceViews:
     """Device views of one configuration into the engine's static input buffer."""
-    __slots__ = ("ids", "pos", "seq", "cu", "inv", "words")
+    __slots__ = ("ids", "pos", "seq", "cu", "inv", "words", "layout", "inputs")
 
     def __init__(self, buf: torch.Tensor, layout: Layout):
+        self.layout = layout
+        self.inputs = buf[:layout.words]                                                # the copy's target
         self.ids, self.pos, self.seq = buf[layout.ids], buf[layout.pos], buf[layout.seq]   # [Tb] int32 each
         self.cu = buf[layout.cu]                                                        # [Sb + 2] int32
         self.inv = buf[layout.inv].view(torch.float32).unsqueeze(1)                     # [Sb + 1, 1] f32

@@ -109,15 +109,15 @@ class RoseModel:
             t0 = time.perf_counter_ns() if clock is not None else 0
             sender = request.get_response_sender()
             try:
-                ids = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
-                lens = pb_utils.get_input_tensor_by_name(request, "SEQ_LENS")
-                types = pb_utils.get_input_tensor_by_name(request, "TOKEN_TYPE_IDS")
+                # read once: pb_utils.get_input_tensor_by_name rebuilds the request's input list per call
+                inputs = {t.name(): t for t in request.inputs()}
+                ids, lens, types = inputs.get("INPUT_IDS"), inputs.get("SEQ_LENS"), inputs.get("TOKEN_TYPE_IDS")
                 ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
                 t1 = time.perf_counter_ns() if clock is not None else 0
                 input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
                 token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
                                                    self.limits)
-                opts = None if self.output_name == "SCORES" else self._options(request)
+                opts = None if self.output_name == "SCORES" else self._options(request, inputs)
                 r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
                             token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
                             token_type_ids=token_types)
@@ -136,16 +136,15 @@ class RoseModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
-    def _options(self, request) -> OutputOptions:
+    def _options(self, request, inputs: dict) -> OutputOptions:
         """The request's outputs, DIMENSIONS and ENCODING (serving/outputs.py); ValueError if bad."""
         raw = request.parameters()
         try:
-            params = json.loads(raw) if raw else {}
+            params = json.loads(raw) if raw and raw != "{}" else {}
         except ValueError:
             params = {}
-        choice = params.get("outputs")
-        dims = pb_utils.get_input_tensor_by_name(request, "DIMENSIONS")
-        enc = pb_utils.get_input_tensor_by_name(request, "ENCODING")
+        choice = params.get("outputs") if isinstance(params, dict) else None
+        dims, enc = inputs.get("DIMENSIONS"), inputs.get("ENCODING")
         return parse_options(request.requested_output_names(), None if choice is None else str(choice),
                              None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
                              self.engine.embedding_dim, self.ranges, self.engine.heads is not None)
