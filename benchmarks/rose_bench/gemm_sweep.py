@@ -27,6 +27,7 @@ from rose_bench.record import git_commit, host_info
 SHAPES = [("bge qkv", 3072, 1024), ("bge o", 1024, 1024), ("bge up", 4096, 1024), ("bge down", 1024, 4096),
           ("pplx qkv", 4096, 1024), ("pplx o", 1024, 2048), ("pplx gate_up", 6144, 1024), ("pplx down", 1024, 3072)]
 FORMS = ("linear", "matmul_t", "cublaslt", "cublas")
+DEFAULT_TOKENS = "128,512,4096,16384"
 
 
 def time_form(form: str, x, w, wt, reps: int = 50) -> float:
@@ -50,16 +51,83 @@ def time_form(form: str, x, w, wt, reps: int = 50) -> float:
         torch.backends.cuda.preferred_blas_library(prev)
 
 
+def splitk_sweep(tokens: list[int]) -> list[dict]:
+    """Small token counts: cuBLAS (F.linear with bias, as the models call it; and W @ x.T) against
+    the split-K kernel of rose_backend/layers/splitk_gemm.py over its configurations (kernel
+    alone: its consumer sums the partials). Each row: us per call and the best configuration."""
+    import itertools
+
+    import torch
+    import torch.nn.functional as F
+
+    from rose_backend.layers.splitk_gemm import splitk_matmul
+    rows = []
+    configs = [dict(splits=s, bm=bm, bn=bn, bk=bk, stages=st) for s, bm, bn, bk, st in
+               itertools.product((2, 4, 8), (64, 128), (32, 64, 128), (64, 128), (3, 4))]
+    for name, n, k in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        for m in tokens:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x.float(), w.float())
+            us = {"linear_bias": round(time_fn(lambda: F.linear(x, w, b)), 2),
+                  "w_xt": round(time_fn(lambda: w @ x.t()), 2)}
+            best, best_us, err = None, float("inf"), None
+            for c in configs:
+                if k % (c["splits"] * c["bk"]) or (c["bm"] > 64 and m < 128):
+                    continue
+                try:
+                    out = torch.empty((c["splits"], m, n), dtype=torch.float32, device="cuda")
+                    t = time_fn(lambda: splitk_matmul(x, w, out=out, **c))
+                except Exception as e:      # a configuration the compiler refuses (shared memory)
+                    print(f"  {name} {m} {c}: {type(e).__name__}", flush=True)
+                    continue
+                if t < best_us:
+                    best, best_us = c, t
+                    err = float(((out.sum(0) - ref).abs().max() / ref.abs().max()).item())
+            us["splitk"] = round(best_us, 2)
+            rows.append({"shape": name, "n": n, "k": k, "tokens": m, "us": us, "splitk_config": best,
+                         "splitk_rel_err": err})
+            print(f"{name:<13} {m:>5} " + " ".join(f"{f} {v:7.2f}" for f, v in us.items()) + f"  {best} err {err:.1e}",
+                  flush=True)
+    return rows
+
+
+def time_fn(fn, reps: int = 50) -> float:
+    """us per call of fn, `reps` calls captured in one CUDA graph, median of 10 replays."""
+    import torch
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    return events_ms(g.replay, 10) * 1e3 / reps
+
+
 def main(argv=None) -> int:
     import torch
     ap = argparse.ArgumentParser(prog="python -m rose_bench gemm-sweep", description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", default="128,512,4096,16384")
+    ap.add_argument("--tokens", default=DEFAULT_TOKENS)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--splitk", action="store_true", help="small token counts: cuBLAS vs the split-K kernel "
+                    "(--tokens default 128,256,512); writes gemm_splitk.json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gemm-sweep needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.splitk:
+        tokens = [int(t) for t in (args.tokens if args.tokens != DEFAULT_TOKENS else "128,256,512").split(",")]
+        rows = splitk_sweep(tokens)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit), "machine": host_info("cuda"),
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+        (out / "gemm_splitk.json").write_text(json.dumps(result, indent=1))
+        print(f"saved {out / 'gemm_splitk.json'}")
+        return 0
     rows = []
     print(f"{'shape':<13} {'tokens':>6} " + " ".join(f"{f + ' us':>12}" for f in FORMS) + "  best   GB/s(best)")
     for name, n, k in SHAPES:
