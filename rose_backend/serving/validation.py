@@ -33,19 +33,24 @@ def validate_tokens(input_ids: np.ndarray | None, seq_lens: np.ndarray | None,
                          f"max_request_seqs={limits.max_request_seqs}")
     # The common case costs a few reductions; the element that is wrong is looked for only after
     # one of them fails (this runs on the request path: ~100 us before, measured on the H200 host).
-    if seq_lens.min() <= 0:
+    if seq_lens.size == 1:            # one sequence (the online case): Python ints, no reductions
+        n = int(seq_lens[0])
+        lo, total, hi = n, n, n
+    else:
+        lo, total, hi = int(seq_lens.min()), int(seq_lens.sum(dtype=np.int64)), int(seq_lens.max())
+    if lo <= 0:
         i = int(np.flatnonzero(seq_lens <= 0)[0])
         raise ValueError(f"SEQ_LENS[{i}] is {seq_lens[i]}: every length must be at least 1")
-    total = int(seq_lens.sum(dtype=np.int64))
     if total != input_ids.size:
         raise ValueError(f"SEQ_LENS sum to {total} but INPUT_IDS holds {input_ids.size} token ids")
     if total > limits.max_request_tokens:
         raise ValueError(f"the request has {total} tokens; the limit is max_request_tokens={limits.max_request_tokens}")
-    if seq_lens.max() > limits.max_seq_len:
+    if hi > limits.max_seq_len:
         i = int(np.flatnonzero(seq_lens > limits.max_seq_len)[0])
         raise ValueError(f"sequence {i} has {seq_lens[i]} tokens; this model embeds at most {limits.max_seq_len} "
                          "tokens per sequence (truncate it, or send text through `embed`, which truncates)")
-    if input_ids.min() < 0 or input_ids.max() >= limits.vocab_size:
+    # one reduction: read as unsigned, a negative id is larger than any vocabulary
+    if input_ids.size and int(input_ids.view(np.uint32).max()) >= limits.vocab_size:
         i = int(np.flatnonzero((input_ids < 0) | (input_ids >= limits.vocab_size))[0])
         raise ValueError(f"INPUT_IDS[{i}] = {input_ids[i]} is outside the vocabulary [0, {limits.vocab_size})")
     return np.ascontiguousarray(input_ids), np.ascontiguousarray(seq_lens)
