@@ -62,12 +62,18 @@ def cell(eng: Engine, ref: Engine, s: int, n: int, rng, profile: bool) -> dict:
         raise RuntimeError(f"{key} was not captured")
     graph = lambda: eng.graphs.replay(key)    # noqa: E731
     out = {"key": list(key), "backend": eng.backend_for(*key[:2]), "graph_ms": round(events_ms(graph, 20), 4)}
+    if profile:     # the same forward launched eagerly on the same buffers (host launch gaps included)
+        views = eng._views[tuple(key[:2])]
+        with torch.inference_mode():
+            out["eager_ms"] = round(events_ms(lambda: eng._forward(views), 5), 4)
+        out["graph_pool_bytes"] = eng.stats.graph_memory_bytes        # all graphs captured so far
     want = ref.step(b).synchronize()
     a = got / np.linalg.norm(got, axis=1, keepdims=True)
     w = want / np.linalg.norm(want, axis=1, keepdims=True)
     out["one_minus_cos_vs_unpadded_eager"] = float(1 - (a * w).sum(1).min())
     if profile:
         out["profile"] = kernel_table(graph)
+        out["profile"]["kernels_per_layer"] = round(out["profile"]["kernels_per_forward"] / eng.cfg.num_layers, 2)
     return out
 
 
@@ -89,6 +95,19 @@ def run_one(model: str, backend: str, configs, folders: Path, warm_only: bool) -
         except Exception as e:
             cells[f"{s}x{n}"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-800:]}
             break                             # the CUDA context may be gone
+    cells["weights_bytes"] = sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    # the split-K projections (layers/projection.py) against cuBLAS, where they apply
+    from rose_backend.layers import projection
+    small = [(s, n) for s, n in configs if s * n <= projection.max_tokens and "error" not in cells.get(f"{s}x{n}", {})]
+    if small:
+        del ref
+        limit, projection.max_tokens = projection.max_tokens, 0
+        try:
+            off = Engine(cfg, "cuda", attention=backend, max_tokens=65536, max_seqs=128)
+            for s, n in small:
+                cells[f"{s}x{n}"]["graph_ms_splitk_off"] = cell(off, off, s, n, np.random.default_rng(0), False)["graph_ms"]
+        finally:
+            projection.max_tokens = limit
     cells["seconds"] = round(time.perf_counter() - t0, 1)
     return cells
 

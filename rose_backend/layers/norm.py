@@ -2,7 +2,8 @@
 
 On CUDA, AddLayerNorm runs one Triton kernel (layers/fused_kernels.py): the add, the statistics
 in float32 and the affine in one pass; AddRMSNorm runs flashinfer's fused_add_rmsnorm (bf16/fp16).
-On the CPU (or with layers.fused.enabled False) both are plain torch.
+On the CPU (or with layers.fused.enabled False) both are plain torch. Either also takes a split-K
+projection's Partials (layers/projection.py) as x and sums them in the same kernel (CUDA only).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rose_backend.layers import fused
+from rose_backend.layers.projection import Partials
 
 
 def _triton():
@@ -21,7 +23,9 @@ def _triton():
 class AddLayerNorm(nn.LayerNorm):
     """y = LayerNorm(x + residual); with residual None, plain LayerNorm. x, residual [T, H]."""
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Partials, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(x, Partials):       # a split-K projection's partial products: summed here
+            return _triton().parts_add_layernorm(x.parts, x.bias, residual, self.weight, self.bias, self.eps)
         if fused.on(x) and x.dim() == 2 and x.stride(-1) == 1:
             r = residual if residual is not None else torch.zeros_like(x)
             return _triton().add_layernorm(x, r, self.weight, self.bias, self.eps)
@@ -60,7 +64,9 @@ class AddRMSNorm(RMSNorm):
     Both are scratch tensors of the forward pass, so that is safe and saves two round trips.
     """
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor | Partials, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(x, Partials):       # a split-K projection's partial products: summed here
+            return _triton().parts_add_rmsnorm_(x.parts, x.bias, residual, self.weight, self.eps), residual
         if fused.half_kernels(x):
             if residual is None:
                 return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps), x

@@ -7,7 +7,8 @@ the per-batch layout (cu_seqlens), planned by the engine before the pass.
 Per layer, seven kernels on CUDA: fused QKV projection (GEMM with bias epilogue), ragged attention
 (one kernel), output projection, add+LayerNorm (one Triton kernel), up projection with the GELU in
 the cuBLASLt epilogue, down projection, add+LayerNorm. The embedding gathers, their add and the
-LayerNorm are one more kernel per forward pass.
+LayerNorm are one more kernel per forward pass. Up to 256 tokens the output and down projections
+run split-K and their add+LayerNorm sums the partials (layers/projection.py).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.layers.activation import linear_act
 from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddLayerNorm
+from rose_backend.layers.projection import project_for_norm
 from rose_backend.loading import PackedLoader, iter_safetensors, strip_prefix
 from rose_backend.models.packed import PackedModel
 
@@ -44,9 +46,9 @@ class BertLayer(nn.Module):
         t = x.shape[0]
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
         a = self.attn.run(q, k, v).reshape(t, -1)                                     # [T, H]
-        x = self.attn_norm(self.o_proj(a), x)
+        x = self.attn_norm(project_for_norm(a, self.o_proj), x)
         h = linear_act(x, self.ffn_up.weight, self.ffn_up.bias, self.act_name)           # [T, F]
-        return self.ffn_norm(self.ffn_down(h), x)
+        return self.ffn_norm(project_for_norm(h, self.ffn_down), x)
 
 
 class BertEncoder(PackedModel):

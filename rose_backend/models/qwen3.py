@@ -27,6 +27,7 @@ from rose_backend.layers import fused
 from rose_backend.layers.activation import silu_and_mul
 from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddRMSNorm, RMSNorm
+from rose_backend.layers.projection import project_for_norm
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.loading import PackedLoader, iter_safetensors, strip_prefix
 from rose_backend.models.packed import PackedModel
@@ -70,7 +71,7 @@ class Qwen3Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)                                 # [T, Hkv, D]
         if not fuse:
             q, k = rope(positions, self.q_norm(q), self.k_norm(k))
-        return self.o_proj(self.attn.run(q, k, v).reshape(t, self.q_size))              # [T, H]
+        return project_for_norm(self.attn.run(q, k, v).reshape(t, self.q_size), self.o_proj)  # [T, H] (or Partials)
 
 
 class Qwen3MLP(nn.Module):
@@ -82,7 +83,7 @@ class Qwen3MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))                      # [T, 2F] -> [T, H]
+        return project_for_norm(silu_and_mul(self.gate_up_proj(x)), self.down_proj)    # [T, 2F] -> [T, H] (or Partials)
 
 
 class Qwen3Layer(nn.Module):

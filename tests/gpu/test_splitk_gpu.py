@@ -1,0 +1,81 @@
+"""Split-K projections at small token counts (layers/projection.py, splitk_gemm.py and the partials
+norms of fused_kernels.py): the kernels against float32 torch, and whole models through the engine
+(eager, capture, replay) with the split on and off against the float32 CPU engine."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rose_backend.config import ModelConfig
+from rose_backend.engine.engine import Engine
+from rose_backend.layers import projection, splitk_gemm
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.folders import make_folder
+
+TOL = 1e-3
+
+
+@pytest.mark.parametrize("m,n,k,splits", [(128, 1024, 4096, 4), (200, 1024, 1024, 2), (64, 1024, 2048, 4), (7, 256, 512, 2)])
+def test_splitk_matmul_matches_float32(m, n, k, splits):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
+    parts = splitk_gemm.splitk_matmul(x, w, splits)
+    assert parts.shape == (splits, m, n) and parts.dtype == torch.float32
+    ref = x.float() @ w.float().t()
+    assert float((parts.sum(0) - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def test_partials_norms_match_torch():
+    from rose_backend.layers import fused_kernels as fk
+    g = torch.Generator(device="cuda").manual_seed(1)
+    parts = torch.randn(4, 50, 1024, device="cuda", generator=g)
+    bias = torch.randn(1024, device="cuda", generator=g).bfloat16()
+    res = torch.randn(50, 1024, device="cuda", generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(1024, device="cuda", generator=g)).bfloat16()
+    b = (0.1 * torch.randn(1024, device="cuda", generator=g)).bfloat16()
+    total = parts.sum(0) + bias.float() + res.float()
+    want_ln = F.layer_norm(total, (1024,), w.float(), b.float(), 1e-5)
+    got_ln = fk.parts_add_layernorm(parts, bias, res, w, b, 1e-5)
+    assert float((got_ln.float() - want_ln).abs().max()) < 3e-2          # bf16 output rounding
+    r = res.clone()
+    got_rms = fk.parts_add_rmsnorm_(parts, None, r, w, 1e-6)
+    total = parts.sum(0) + res.float()
+    want_rms = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    assert float((r.float() - total).abs().max()) < 5e-2                 # the residual keeps the sum (bf16)
+    assert float((got_rms.float() - want_rms).abs().max()) < 3e-2
+
+
+def _folders(tmp):
+    from rose_backend.testing.qwen3 import write_qwen3_folder
+    bert = make_folder("tiny-xlm-roberta", tmp / "xlmr", hidden_size=256, intermediate_size=1024, num_attention_heads=4)
+    qwen = write_qwen3_folder(tmp / "qwen3", style="pplx-embed", num_layers=2, num_heads=4, num_kv_heads=2,
+                              head_dim=128, hidden_size=256, intermediate_size=512)
+    return {"xlm-roberta": bert, "qwen3": qwen}
+
+
+@pytest.mark.parametrize("kind", ["xlm-roberta", "qwen3"])
+def test_models_with_split_projections_match_float32(tmp_path, kind, monkeypatch):
+    cfg = ModelConfig.from_folder(_folders(tmp_path)[kind])
+    rng = np.random.default_rng(0)
+    small = [rng.integers(3, cfg.vocab_size, size=n).tolist() for n in (100, 1, 37)]     # 138 tokens: split
+    large = [rng.integers(3, cfg.vocab_size, size=n).tolist() for n in (300, 200)]       # 500 tokens: cuBLAS
+    want = {id(s): Engine(cfg).embed(s) for s in (small, large)}                         # float32, CPU
+    calls = []
+    real = splitk_gemm.splitk_matmul
+    monkeypatch.setattr(splitk_gemm, "splitk_matmul", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    for limit in (projection.max_tokens, 0):
+        monkeypatch.setattr(projection, "max_tokens", limit)
+        eng = Engine(cfg, "cuda")
+        calls.clear()
+        for seqs in (small, large):
+            for _ in range(3):                                           # eager, capture, replay
+                got = eng.embed(seqs)
+                assert cos_dist(got, want[id(seqs)]).max() <= TOL, (kind, limit, len(seqs))
+        # two projections a layer ran split in the eager and the capturing pass of the small batch only
+        assert len(calls) == (2 * cfg.num_layers * 2 if limit else 0), calls
+        assert all(t <= limit for t in calls)
+        del eng
+        torch.cuda.empty_cache()
