@@ -112,6 +112,40 @@ def run_one(model: str, backend: str, configs, folders: Path, warm_only: bool) -
     return cells
 
 
+def splitk_ab(models: list[str], folders: Path, configs=((1, 128), (1, 256), (2, 100)), rounds: int = 7) -> dict:
+    """Graph replay with the split-K projections on and off, the two engines' replays alternated
+    (round by round, 20 replays each) so that clocks and heat weigh on both alike; median of rounds."""
+    from rose_backend.layers import projection
+    out = {}
+    for model in models:
+        cfg = ModelConfig.from_folder(make_folder(model, folders))
+        engines, limit = {}, projection.max_tokens
+        for name, lim in (("on", limit), ("off", 0)):
+            projection.max_tokens = lim
+            try:
+                eng = engines[name] = Engine(cfg, "cuda", attention="torch_varlen", max_tokens=4096, max_seqs=8)
+                for s, n in configs:
+                    b = PackedBatch(np.full(s * n, 7, np.int32), np.full(s, n, np.int32))
+                    for _ in range(2):
+                        eng.step(b).synchronize()
+            finally:
+                projection.max_tokens = limit
+        for s, n in configs:
+            key = engines["on"].graphs.key_for(s, s * n)
+            keys = {k: next(x for x in e.graphs.entries if x[:2] == key) for k, e in engines.items()}
+            times = {k: [] for k in engines}
+            for _ in range(rounds):
+                for k, e in engines.items():
+                    times[k].append(events_ms(lambda: e.graphs.replay(keys[k]), 20))
+            med = {k: round(float(np.median(v)), 4) for k, v in times.items()}
+            out[f"{model} {s}x{n}"] = {"graph_ms_splitk_on": med["on"], "graph_ms_splitk_off": med["off"],
+                                       "saved_ms": round(med["off"] - med["on"], 4)}
+            print(model, f"{s}x{n}", json.dumps(out[f"{model} {s}x{n}"]), flush=True)
+        del engines
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/forward_profile")
@@ -123,9 +157,17 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=240, help="seconds per (model, backend) process")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--splitk-ab", action="store_true", help="only: split-K projections on vs off, alternated "
+                    "(torch varlen attention, 1x128, 1x256, 2x100); writes splitk_ab.json")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.splitk_ab:
+        res = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit), "machine": host_info("cuda"),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "cells": splitk_ab(args.models.split(","), Path(args.folders))}
+        (out_dir / "splitk_ab.json").write_text(json.dumps(res, indent=1))
+        return 0
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     if args.one:
         print("RESULT " + json.dumps(run_one(*args.one, configs, Path(args.folders), args.warm_only)), flush=True)
