@@ -131,11 +131,13 @@ def splitk_ab(models: list[str], folders: Path, configs=((1, 128), (1, 256), (2,
             finally:
                 projection.max_tokens = limit
         for s, n in configs:
+            b = PackedBatch(np.full(s * n, 7, np.int32), np.full(s, n, np.int32))
             key = engines["on"].graphs.key_for(s, s * n)
             keys = {k: next(x for x in e.graphs.entries if x[:2] == key) for k, e in engines.items()}
             times = {k: [] for k in engines}
             for _ in range(rounds):
                 for k, e in engines.items():
+                    e.step(b).synchronize()     # stage this configuration's layout into the static buffer
                     times[k].append(events_ms(lambda: e.graphs.replay(keys[k]), 20))
             med = {k: round(float(np.median(v)), 4) for k, v in times.items()}
             out[f"{model} {s}x{n}"] = {"graph_ms_splitk_on": med["on"], "graph_ms_splitk_off": med["off"],
