@@ -113,3 +113,18 @@ def test_multi_gpu_bench_cpu_smoke(tmp_path):
     # three one-sequence chunks spread over two servers: each server took at least one
     assert all(n >= 1 for n in r["layouts"]["per-gpu-servers"]["check_spread"].values())
     assert "per-gpu-servers" in p.stdout and "throughput/16/procs2/client" in p.stdout
+
+
+def test_stub_probe_bench_times_every_step(tmp_path):
+    """benchmarks/stub_probe_bench.py through a real tritonserver: every step is timed in the stub,
+    the cold and warm runs of our own code are both there, and the JSON records where it came from."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stub_probe_bench.py"), "--requests", "120",
+                        "--out", str(tmp_path), "--git-commit", "test"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((tmp_path / "stub_probe.json").read_text())
+    assert r["git"]["commit"] == "test" and r["date"] and r["command"] and r["client_p50_ms"] > 0
+    steps = r["stages"]
+    for name in ("get_response_sender", "is_cancelled() (asks the server)", "validate_tokens, first",
+                 "validate_tokens, again", "tokenizer, one ~135-token text, first", "send"):
+        assert steps[name]["n"] == 70 and steps[name]["p50_us"] > 0, (name, steps.get(name))

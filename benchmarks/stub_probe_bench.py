@@ -1,0 +1,80 @@
+"""What each step of a request costs inside Triton's Python stub (issue 13's host path): the
+pb_utils calls `rose` makes, asking whether a request was cancelled, our validation and one tokenizer
+call (each run twice in a row: cold, as a request pays it, then warm), building and sending the answer.
+A tritonserver with benchmarks/stub_probe_repository, one client sending requests back to back
+(optionally with a pause between them), medians from the stub itself.
+
+    python benchmarks/stub_probe_bench.py [--requests 1000] [--gap-ms 0] [--out DIR] [--git-commit C]
+
+Prints a table and writes <out>/stub_probe.json (command, commit, machine, date).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rose_bench.record import git_commit, host_info  # noqa: E402
+
+REPOSITORY = Path(__file__).resolve().parent / "stub_probe_repository"
+
+
+def run(requests: int, gap_ms: float, work: Path) -> dict:
+    from rose_backend.launcher import TritonProcess, free_ports
+    from rose_client.transport import StreamConnection
+    out = work / "probe.json"
+    srv = TritonProcess(None, REPOSITORY, free_ports(), log_file=work / "triton.log", exit_timeout=10,
+                        env=dict(os.environ, ROSE_PROBE_OUT=str(out)), models=("stub_probe",))
+    srv.start()
+    lat = []
+    try:
+        srv.wait_ready(timeout=120)
+        conn = StreamConnection(srv.grpc_url)
+        ids, lens = np.arange(1000, 1128, dtype=np.int32), np.array([128], np.int32)
+        try:
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                conn.infer("stub_probe", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(30)
+                lat.append(time.perf_counter() - t0)
+                if gap_ms:
+                    time.sleep(gap_ms / 1e3)
+        finally:
+            conn.close()
+    finally:
+        srv.stop()
+    a = np.asarray(lat[50:]) * 1e3
+    return {"client_p50_ms": round(float(np.percentile(a, 50)), 3), "client_p99_ms": round(float(np.percentile(a, 99)), 3),
+            "stages": json.loads(out.read_text())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--gap-ms", type=float, default=0.0, help="pause between requests")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="rose-probe-") as tmp:
+        res = run(args.requests, args.gap_ms, Path(tmp))
+    result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+              "git": git_commit(args.git_commit), "machine": host_info("cpu"),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **res}
+    print(f"client p50 {res['client_p50_ms']} ms, p99 {res['client_p99_ms']} ms; in the stub, p50 / p99 us:")
+    for name, s in res["stages"].items():
+        print(f"  {name:44s} {s['p50_us']:8.1f} {s['p99_us']:8.1f}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stub_probe.json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {out / 'stub_probe.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""stub_probe: times each step of serving a request inside Triton's Python stub, the way `rose` and
+`tokenize` take them (pb_utils calls, our validation, one tokenizer call, building and sending the
+answer). Steps of our own code run twice in a row: the first call shows what the request path pays
+(caches cold after the stub waited for the request), the second the same code warm. The medians
+are written as one JSON line to the file named by $ROSE_PROBE_OUT when the model unloads."""
+import json
+import os
+import site
+import sys
+import time
+
+import numpy as np
+
+_known = set(sys.path)
+for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep) if p and p not in _known]):
+    _before = list(sys.path)
+    site.addsitedir(_p)
+    sys.path[:] = [p for p in sys.path if p not in _before] + _before
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from rose_backend.serving.validation import RequestLimits, validate_tokens  # noqa: E402
+from rose_ensemble.tokenization import TextTokenizer  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.times: dict[str, list[int]] = {}
+        self.out = np.zeros((1, 1024), np.float32)
+        self.limits = RequestLimits(max_seq_len=8192, vocab_size=1 << 30)
+        self.tok = TextTokenizer.from_folder(os.environ.get("ROSE_MODEL_DIR") or None)
+        self.text = [" ".join(["the quick brown fox jumps over a lazy dog"] * 15)]    # ~135 tokens
+
+    def _time(self, name, fn):
+        t = time.perf_counter_ns()
+        out = fn()
+        self.times.setdefault(name, []).append(time.perf_counter_ns() - t)
+        return out
+
+    def execute(self, requests):
+        for r in requests:
+            sender = self._time("get_response_sender", r.get_response_sender)
+            inputs = self._time("inputs (dict by name)", lambda: {t.name(): t for t in r.inputs()})
+            ids, lens = self._time("as_numpy x2", lambda: (inputs["INPUT_IDS"].as_numpy(), inputs["SEQ_LENS"].as_numpy()))
+            self._time("parameters()", r.parameters)
+            self._time("requested_output_names()", r.requested_output_names)
+            self._time("is_cancelled() (asks the server)", r.is_cancelled)
+            for run in ("first", "again"):
+                self._time(f"validate_tokens, {run}", lambda: validate_tokens(ids, lens, self.limits))
+            for run in ("first", "again"):
+                self._time(f"tokenizer, one ~135-token text, {run}", lambda: self.tok.encode(self.text))
+            resp = self._time("response built", lambda: pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("EMBEDDINGS", self.out)]))
+            self._time("send", lambda: sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        return None
+
+    def finalize(self):
+        path = os.environ.get("ROSE_PROBE_OUT")
+        if path:
+            skip = 50                                  # warm-up requests
+            stats = {k: {"p50_us": round(float(np.percentile(v[skip:], 50)) / 1e3, 1),
+                         "p99_us": round(float(np.percentile(v[skip:], 99)) / 1e3, 1), "n": len(v) - skip}
+                     for k, v in self.times.items() if len(v) > skip}
+            with open(path, "w") as f:
+                json.dump(stats, f)
