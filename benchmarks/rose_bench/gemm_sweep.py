@@ -38,15 +38,7 @@ def time_form(form: str, x, w, wt, reps: int = 50) -> float:
     if lib:
         torch.backends.cuda.preferred_blas_library(lib)
     try:
-        fn = (lambda: x @ wt) if form == "matmul_t" else (lambda: F.linear(x, w))
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        return events_ms(g.replay, 10) * 1e3 / reps
+        return time_fn((lambda: x @ wt) if form == "matmul_t" else (lambda: F.linear(x, w)), reps)
     finally:
         torch.backends.cuda.preferred_blas_library(prev)
 
@@ -120,14 +112,7 @@ def main(argv=None) -> int:
         return 2
     if args.splitk:
         tokens = [int(t) for t in (args.tokens if args.tokens != DEFAULT_TOKENS else "128,256,512").split(",")]
-        rows = splitk_sweep(tokens)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit), "machine": host_info("cuda"),
-                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
-        (out / "gemm_splitk.json").write_text(json.dumps(result, indent=1))
-        print(f"saved {out / 'gemm_splitk.json'}")
-        return 0
+        return save(splitk_sweep(tokens), Path(args.out) / "gemm_splitk.json", args.git_commit)
     rows = []
     print(f"{'shape':<13} {'tokens':>6} " + " ".join(f"{f + ' us':>12}" for f in FORMS) + "  best   GB/s(best)")
     for name, n, k in SHAPES:
@@ -141,12 +126,15 @@ def main(argv=None) -> int:
             rows.append({"shape": name, "n": n, "k": k, "tokens": m, "us": us, "best": best,
                          "tflops_best": round(2 * m * n * k / (us[best] * 1e-6) / 1e12, 1), "gbs_best": round(gbs)})
             print(f"{name:<13} {m:>6} " + " ".join(f"{us[f]:>12.2f}" for f in FORMS) + f"  {best:<9} {gbs:>7.0f}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit), "machine": host_info("cuda"),
+    return save(rows, Path(args.out) / "gemm_sweep.json", args.git_commit)
+
+
+def save(rows: list[dict], path: Path, commit: str | None) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": " ".join(sys.argv), "git": git_commit(commit), "machine": host_info("cuda"),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
-    (out / "gemm_sweep.json").write_text(json.dumps(result, indent=1))
-    print(f"saved {out / 'gemm_sweep.json'}")
+    path.write_text(json.dumps(result, indent=1))
+    print(f"saved {path}")
     return 0
 
 
