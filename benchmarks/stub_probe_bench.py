@@ -4,7 +4,7 @@ call (each run twice in a row: cold, as a request pays it, then warm), building 
 A tritonserver with benchmarks/stub_probe_repository, one client sending requests back to back
 (optionally with a pause between them), medians from the stub itself.
 
-    python benchmarks/stub_probe_bench.py [--requests 1000] [--gap-ms 0] [--out DIR] [--git-commit C]
+    python benchmarks/stub_probe_bench.py [--requests 1000] [--gap-ms 0] [--ask-cancelled] [--out DIR] [--git-commit C]
 
 Prints a table and writes <out>/stub_probe.json (command, commit, machine, date).
 """
@@ -26,12 +26,13 @@ from rose_bench.record import git_commit, host_info  # noqa: E402
 REPOSITORY = Path(__file__).resolve().parent / "stub_probe_repository"
 
 
-def run(requests: int, gap_ms: float, work: Path) -> dict:
+def run(requests: int, gap_ms: float, work: Path, ask_cancelled: bool = False) -> dict:
     from rose_backend.launcher import TritonProcess, free_ports
     from rose_client.transport import StreamConnection
     out = work / "probe.json"
     srv = TritonProcess(None, REPOSITORY, free_ports(), log_file=work / "triton.log", exit_timeout=10,
-                        env=dict(os.environ, ROSE_PROBE_OUT=str(out)), models=("stub_probe",))
+                        env=dict(os.environ, ROSE_PROBE_OUT=str(out), ROSE_PROBE_ASK_CANCELLED=str(int(ask_cancelled))),
+                        models=("stub_probe",))
     srv.start()
     lat = []
     try:
@@ -41,7 +42,7 @@ def run(requests: int, gap_ms: float, work: Path) -> dict:
         try:
             for _ in range(requests):
                 t0 = time.perf_counter()
-                conn.infer("stub_probe", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(30)
+                conn.infer("stub_probe", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(120)
                 lat.append(time.perf_counter() - t0)
                 if gap_ms:
                     time.sleep(gap_ms / 1e3)
@@ -58,11 +59,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--gap-ms", type=float, default=0.0, help="pause between requests")
+    ap.add_argument("--ask-cancelled", action="store_true", help="also time request.is_cancelled() from execute() "
+                    "(see the model's docstring)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rose-probe-") as tmp:
-        res = run(args.requests, args.gap_ms, Path(tmp))
+        res = run(args.requests, args.gap_ms, Path(tmp), args.ask_cancelled)
     result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
               "git": git_commit(args.git_commit), "machine": host_info("cpu"),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **res}

@@ -125,6 +125,7 @@ def test_stub_probe_bench_times_every_step(tmp_path):
     r = json.loads((tmp_path / "stub_probe.json").read_text())
     assert r["git"]["commit"] == "test" and r["date"] and r["command"] and r["client_p50_ms"] > 0
     steps = r["stages"]
-    for name in ("get_response_sender", "is_cancelled() (asks the server)", "validate_tokens, first",
+    assert "is_cancelled() (asks the server)" not in steps          # opt-in only
+    for name in ("get_response_sender", "validate_tokens, first",
                  "validate_tokens, again", "tokenizer, one ~135-token text, first", "send"):
         assert steps[name]["n"] == 70 and steps[name]["p50_us"] > 0, (name, steps.get(name))
