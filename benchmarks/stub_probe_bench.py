@@ -1,8 +1,8 @@
 """What each step of a request costs inside Triton's Python stub (issue 13's host path): the
 pb_utils calls `rose` makes, asking whether a request was cancelled, our validation and one tokenizer
 call (each run twice in a row: cold, as a request pays it, then warm), building and sending the answer.
-A tritonserver with benchmarks/stub_probe_repository, one client sending requests back to back
-(optionally with a pause between them), medians from the stub itself.
+A tritonserver with benchmarks/stub_probe_repository, one tritonclient gRPC stream sending requests
+back to back (optionally with a pause between them), medians from the stub itself.
 
     python benchmarks/stub_probe_bench.py [--requests 1000] [--gap-ms 0] [--ask-cancelled] [--out DIR] [--git-commit C]
 
@@ -27,8 +27,11 @@ REPOSITORY = Path(__file__).resolve().parent / "stub_probe_repository"
 
 
 def run(requests: int, gap_ms: float, work: Path, ask_cancelled: bool = False) -> dict:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
     from rose_backend.launcher import TritonProcess, free_ports
-    from rose_client.transport import StreamConnection
     out = work / "probe.json"
     srv = TritonProcess(None, REPOSITORY, free_ports(), log_file=work / "triton.log", exit_timeout=10,
                         env=dict(os.environ, ROSE_PROBE_OUT=str(out), ROSE_PROBE_ASK_CANCELLED=str(int(ask_cancelled))),
@@ -37,17 +40,25 @@ def run(requests: int, gap_ms: float, work: Path, ask_cancelled: bool = False) -
     lat = []
     try:
         srv.wait_ready(timeout=120)
-        conn = StreamConnection(srv.grpc_url)
-        ids, lens = np.arange(1000, 1128, dtype=np.int32), np.array([128], np.int32)
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        ids, lens = grpcclient.InferInput("INPUT_IDS", [128], "INT32"), grpcclient.InferInput("SEQ_LENS", [1], "INT32")
+        ids.set_data_from_numpy(np.arange(1000, 1128, dtype=np.int32))
+        lens.set_data_from_numpy(np.array([128], np.int32))
         try:
             for _ in range(requests):
                 t0 = time.perf_counter()
-                conn.infer("stub_probe", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(120)
+                client.async_stream_infer("stub_probe", [ids, lens])
+                result, error = answers.get(timeout=120)
+                if error is not None:
+                    raise RuntimeError(f"stub_probe answered an error: {error}")
                 lat.append(time.perf_counter() - t0)
                 if gap_ms:
                     time.sleep(gap_ms / 1e3)
         finally:
-            conn.close()
+            client.stop_stream()
+            client.close()
     finally:
         srv.stop()
     a = np.asarray(lat[50:]) * 1e3

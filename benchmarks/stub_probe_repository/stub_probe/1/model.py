@@ -4,8 +4,8 @@ answer). Steps of our own code run twice in a row: the first call shows what the
 (caches cold after the stub waited for the request), the second the same code warm. The medians
 are written as one JSON line to the file named by $ROSE_PROBE_OUT when the model unloads.
 With $ROSE_PROBE_ASK_CANCELLED=1 it also times `request.is_cancelled()` from execute(), a round trip
-to the server (off by default: in one run under the CPU test suite's load a request never got its
-answer with it on; `rose` asks it only from its scheduler thread, of requests that waited 50 ms)."""
+to the server that `rose` never makes on a request's path (its scheduler asks only requests that
+waited 50 ms in its pool)."""
 import json
 import os
 import site
@@ -48,7 +48,7 @@ class TritonPythonModel:
             ids, lens = self._time("as_numpy x2", lambda: (inputs["INPUT_IDS"].as_numpy(), inputs["SEQ_LENS"].as_numpy()))
             self._time("parameters()", r.parameters)
             self._time("requested_output_names()", r.requested_output_names)
-            if self.ask_cancelled:      # opt-in: once, under the CPU test suite's load, a request hung on it
+            if self.ask_cancelled:      # opt-in (see the docstring)
                 self._time("is_cancelled() (asks the server)", r.is_cancelled)
             for run in ("first", "again"):
                 self._time(f"validate_tokens, {run}", lambda: validate_tokens(ids, lens, self.limits))
