@@ -53,6 +53,10 @@ def run(requests: int, gap_ms: float, work: Path, ask_cancelled: bool = False) -
                 result, error = answers.get(timeout=120)
                 if error is not None:
                     raise RuntimeError(f"stub_probe answered an error: {error}")
+                got = result.as_numpy("EMBEDDINGS")
+                if got is None or got.shape != (1, 1024):
+                    raise RuntimeError(f"stub_probe's answer holds EMBEDDINGS {None if got is None else got.shape}, "
+                                       "not [1, 1024]")
                 lat.append(time.perf_counter() - t0)
                 if gap_ms:
                     time.sleep(gap_ms / 1e3)

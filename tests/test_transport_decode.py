@@ -46,3 +46,39 @@ def test_large_error_and_bad_datatype():
     resp, contents = _decode(m.SerializeToString())
     with pytest.raises(ServerError, match="unexpected output datatype BF16"):
         _outputs(resp.infer_response, contents)
+
+
+def test_a_malformed_answer_fails_its_request_and_the_stream_lives_on():
+    """An answer whose outputs cannot be read (here: a [1, 4] FP32 output without its bytes, as Triton
+    2.51's Python backend sends under numpy 2) fails that request with an error instead of leaving
+    its caller waiting forever, and the next request on the same stream is answered. A minimal gRPC
+    peer serves the stream: no Triton build sends such an answer on purpose."""
+    from concurrent import futures
+
+    import grpc
+    from rose_client.transport import StreamConnection
+
+    def answer(requests, context):
+        for req in requests:
+            m = _message({"EMBEDDINGS": np.full((1, 4), 7, np.float32)})
+            m.infer_response.id = req.id
+            if req.id == "0":
+                del m.infer_response.raw_output_contents[:]
+            yield m
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rpc = grpc.stream_stream_rpc_method_handler(answer, request_deserializer=service_pb2.ModelInferRequest.FromString,
+                                                response_serializer=service_pb2.ModelStreamInferResponse.SerializeToString)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("inference.GRPCInferenceService",
+                                                                          {"ModelStreamInfer": rpc})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    conn = StreamConnection(f"127.0.0.1:{port}")
+    try:
+        ids = [("INPUT_IDS", np.arange(3, dtype=np.int32))]
+        with pytest.raises(ServerError, match="malformed response to request 0"):
+            conn.infer("rose", ids).result(10)
+        np.testing.assert_array_equal(conn.infer("rose", ids).result(10)["EMBEDDINGS"], np.full((1, 4), 7, np.float32))
+    finally:
+        conn.close()
+        server.stop(0)

@@ -140,6 +140,10 @@ class StreamConnection:
                         fut.set_result(_outputs(resp.infer_response, contents))
                     except ServerError as e:
                         fut.set_exception(e)
+                    except Exception as e:   # a malformed answer fails its own request (it is no longer
+                        # pending, so letting this end the reader would leave its caller waiting forever)
+                        fut.set_exception(ServerError(f"{self.url}: malformed response to request {rid}: "
+                                                      f"{type(e).__name__}: {e}"))
             error: Exception = ConnectionLost(f"{self.url}: the server closed the stream")
         except grpc.RpcError as e:
             error = ConnectionLost(f"{self.url}: {e.code().name}: {e.details()}")

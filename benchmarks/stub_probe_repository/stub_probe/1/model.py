@@ -22,12 +22,14 @@ for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pa
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from rose_backend.serving.triton_interop import check_numpy_interop  # noqa: E402
 from rose_backend.serving.validation import RequestLimits, validate_tokens  # noqa: E402
 from rose_ensemble.tokenization import TextTokenizer  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        check_numpy_interop(pb_utils, "stub_probe")     # as `rose`: refuse to time a stub that garbles arrays
         self.times: dict[str, list[int]] = {}
         self.out = np.zeros((1, 1024), np.float32)
         self.limits = RequestLimits(max_seq_len=8192, vocab_size=1 << 30)
