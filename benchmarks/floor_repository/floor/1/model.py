@@ -4,13 +4,15 @@ import os
 import site
 import sys
 
-import numpy as np
-
+# numpy only after the paths below: imported before them, it comes from the interpreter's own
+# site-packages (numpy 2 on the development machine), whose arrays Triton 2.51 sends back empty
 _known = set(sys.path)
 for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep) if p and p not in _known]):
     _before = list(sys.path)
     site.addsitedir(_p)
     sys.path[:] = [p for p in sys.path if p not in _before] + _before
+
+import numpy as np  # noqa: E402
 
 import torch  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
