@@ -29,8 +29,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, cache_env, check_ports_free, die_with_parent,
-                                      exit_timeout_for, set_parent_death_signal)
+from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, aborted_at_start, cache_env, check_ports_free,
+                                      die_with_parent, exit_timeout_for, set_parent_death_signal)
 from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, find_triton, server_env, stub_site
 
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
@@ -96,11 +96,10 @@ class TritonProcess:
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
                  models: tuple[str, ...] | None = None, die_with_parent: bool = True,
                  exit_timeout: int | None = None):
-        """models: those to load (explicit model control). None: served_models() for the project's
-        repository, every model for any other (the benchmarks' baselines). die_with_parent: the
-        server is SIGKILLed when the thread that start()ed it dies (start servers from a thread that
-        outlives them, e.g. the main thread). exit_timeout: tritonserver's --exit-timeout-secs
-        (default: the repository's drain_timeout_s + 2, supervision.exit_timeout_for)."""
+        """models: those to load (explicit model control). None: served_models() for the project's repository,
+        every model for any other (the benchmarks' baselines). die_with_parent: the server is SIGKILLed when the
+        thread that start()ed it dies (start servers from a thread that outlives them, e.g. the main thread).
+        exit_timeout: tritonserver's --exit-timeout-secs (default: exit_timeout_for, drain_timeout_s + 2)."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.models = models
         if models is None and (self.repository / "rose" / "config.pbtxt").exists():
@@ -110,6 +109,7 @@ class TritonProcess:
         self.ports, self.address = ports or Ports(), address
         self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
         self.proc: subprocess.Popen | None = None
+        self.restarted = False                   # wait_ready started it once more (aborted_at_start)
         self.shm_prefix = f"rose_{os.getpid()}_{self.ports.grpc}_"
 
     def command(self, install: TritonInstall) -> list[str]:
@@ -165,6 +165,12 @@ class TritonProcess:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
+                if not self.restarted and aborted_at_start(self.proc.returncode, self.log_file):
+                    print("rose: tritonserver aborted as it started; starting it once more", file=sys.stderr)
+                    self.restarted = True
+                    self._reap()
+                    self.start()
+                    continue
                 raise LaunchError(f"tritonserver exited with code {self.proc.returncode} before it was ready"
                                   + (f"; see {self.log_file}" if self.log_file else ""))
             if self._http("/v2/health/ready") == 200 and all(

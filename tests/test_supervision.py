@@ -287,3 +287,41 @@ def test_killing_make_serve_stops_its_servers():
         except ProcessLookupError:
             pass
         leftovers.remove(*leftovers.wait_gone(mine, 5.0))
+
+
+@pytest.mark.parametrize("aborts", [1, 2])
+def test_a_server_that_aborts_as_it_starts_is_started_once_more(tmp_path, monkeypatch, aborts):
+    """Triton 2.51's gRPC event engine now and then aborts a server as it starts (SIGABRT, "epoll_wait
+    error: Bad file descriptor"). A real tritonserver behind a wrapper that first dies that way
+    `aborts` times: wait_ready starts it once more and it serves after one abort; after two it says
+    the server exited."""
+    import dataclasses
+
+    from rose_backend import launcher
+    from rose_backend.triton_install import LaunchError
+    real = launcher.find_triton()
+    count = tmp_path / "aborts"
+    wrapper = tmp_path / "tritonserver"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'n=$(cat {count} 2>/dev/null || echo 0)\n'
+        f'if [ "$n" -lt {aborts} ]; then echo $((n + 1)) > {count}; '
+        'echo "E1130 ev_epoll1_linux.cc:373] (event_engine) Epoll1Poller encountered epoll_wait error: Bad file descriptor"; '
+        "kill -ABRT $$; fi\n"
+        f'exec {real.binary} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(launcher, "find_triton", lambda: dataclasses.replace(real, binary=wrapper))
+    srv = TritonProcess(None, launcher.DEFAULT_REPOSITORY, free_ports(), log_file=tmp_path / "triton.log",
+                        models=("tokenize",))
+    srv.start()
+    try:
+        if aborts == 1:
+            srv.wait_ready(timeout=120)
+            assert srv.restarted and srv._http("/v2/models/tokenize/ready") == 200
+        else:
+            with pytest.raises(LaunchError, match="exited with code -6 before it was ready"):
+                srv.wait_ready(timeout=120)
+        assert count.read_text().strip() == str(aborts)
+    finally:
+        srv.stop()
+    assert_nothing_left(srv)
