@@ -30,7 +30,7 @@ from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.polled_metrics import PolledMetrics
 from rose_backend.serving.settings import TokenizeSettings, model_config_file
 from rose_backend.serving.stage_clock import StageClock
-from rose_backend.serving.triton_interop import check_numpy_interop
+from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors
 from rose_ensemble.pair_tokenization import PairTokenizer
 from rose_ensemble.tokenization import InputError, TextTokenizer
 from rose_ensemble.tokenize_batcher import Job, TokenizeBatcher
@@ -110,12 +110,6 @@ class TokenizeModel:
         ids, lens, types = self.pairs.encode(*self.pairs.decode(q[0], documents.as_numpy().reshape(-1), instruction))
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens), pb_utils.Tensor("TOKEN_TYPE_IDS", types)])
-
-
-def input_tensors(request) -> dict:
-    """{name: pb_utils.Tensor} of a request's inputs, read once (pb_utils.get_input_tensor_by_name
-    rebuilds the list of inputs on every call)."""
-    return {t.name(): t for t in request.inputs()}
 
 
 def read_texts(inputs: dict, tokenizer: TextTokenizer) -> list[str]:

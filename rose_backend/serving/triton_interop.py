@@ -20,3 +20,9 @@ def check_numpy_interop(pb_utils, model: str) -> None:
             f"{seen.tolist()}) with numpy {np.__version__}. Triton 2.51's Python backend needs numpy<2: "
             "point ROSE_STUB_SITE at a folder holding numpy 1.26 (benchmarks/gpu/add_stub_numpy.sh), "
             "or use a Triton build whose Python backend supports numpy 2.")
+
+
+def input_tensors(request) -> dict:
+    """{name: pb_utils.Tensor} of a request's inputs, read once (pb_utils.get_input_tensor_by_name
+    rebuilds the list of inputs on every call)."""
+    return {t.name(): t for t in request.inputs()}

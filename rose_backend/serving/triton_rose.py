@@ -36,7 +36,7 @@ from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
 from rose_backend.serving.stage_clock import StageClock
-from rose_backend.serving.triton_interop import check_numpy_interop
+from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
 
@@ -109,8 +109,7 @@ class RoseModel:
             t0 = time.perf_counter_ns() if clock is not None else 0
             sender = request.get_response_sender()
             try:
-                # read once: pb_utils.get_input_tensor_by_name rebuilds the request's input list per call
-                inputs = {t.name(): t for t in request.inputs()}
+                inputs = input_tensors(request)
                 ids, lens, types = inputs.get("INPUT_IDS"), inputs.get("SEQ_LENS"), inputs.get("TOKEN_TYPE_IDS")
                 ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
                 t1 = time.perf_counter_ns() if clock is not None else 0
