@@ -31,9 +31,10 @@ class LazyTensor:
                event: "torch.cuda.Event | None" = None,
                extras: dict[str, torch.Tensor] | None = None,
                extras_host: dict[str, torch.Tensor] | None = None, copy_extras: bool = True) -> "LazyTensor":
-        """Queue src[:rows] -> host. `host`, if given, is a (pinned) buffer of at least src's shape
-        that nothing else writes until this handle is synchronized or detached; `event`, if given,
-        is recorded after the copy (the owner of a buffer ring reuses one per buffer). `extras`:
+        """Queue src -> host (`rows`: how many of its rows are results). `host`, if given, is a
+        (pinned) buffer of src's shape that nothing else writes until this handle is synchronized or
+        detached; `event`, if given, is recorded after the copy (the owner of a buffer ring reuses
+        one per buffer). `extras`:
         named device tensors (already cut to their real rows) copied back behind the same event,
         into `extras_host` (pinned buffers of their shapes, reused by the ring as `host` is) or new
         pinned memory. On the CPU, `copy_extras=False` hands the extras over without a copy (for
@@ -48,10 +49,7 @@ class LazyTensor:
             return lt
         if host is None:
             host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-        if host.shape[0] == src.shape[0]:
-            host.copy_(src, non_blocking=True)                # cudaMemcpyAsync behind the forward pass
-        else:
-            host[:rows].copy_(src[:rows], non_blocking=True)
+        host.copy_(src, non_blocking=True)                    # cudaMemcpyAsync behind the forward pass
         copies = {}
         for k, v in (extras or {}).items():
             dst = extras_host[k] if extras_host else torch.empty(v.shape, dtype=v.dtype, pin_memory=True)

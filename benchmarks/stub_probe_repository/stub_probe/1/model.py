@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from rose_backend.serving.triton_interop import check_numpy_interop  # noqa: E402
+from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors  # noqa: E402
 from rose_backend.serving.validation import RequestLimits, validate_tokens  # noqa: E402
 from rose_ensemble.tokenization import TextTokenizer  # noqa: E402
 
@@ -48,7 +48,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for r in requests:
             sender = self._time("get_response_sender", r.get_response_sender)
-            inputs = self._time("inputs (dict by name)", lambda: {t.name(): t for t in r.inputs()})
+            inputs = self._time("inputs (dict by name)", lambda: input_tensors(r))
             ids, lens = self._time("as_numpy x2", lambda: (inputs["INPUT_IDS"].as_numpy(), inputs["SEQ_LENS"].as_numpy()))
             self._time("parameters()", r.parameters)
             self._time("requested_output_names()", r.requested_output_names)
