@@ -1,6 +1,9 @@
-"""The service's inline path (a request arriving at an idle service runs on the submitting thread)
-and its stage timing, with a real CPU engine."""
+"""The service's inline path (a request arriving at an idle service runs on the submitting thread),
+its responder threads (a batch's answers sent side by side) and its stage timing, with a real CPU
+engine."""
+import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -75,7 +78,7 @@ def test_a_concurrent_load_still_forms_batches(engine):
 def test_requests_arriving_during_an_inline_step_queue_and_keep_their_order(engine):
     gate = Gate(engine)
     done = []
-    svc = EmbeddingService(gate, done.append)
+    svc = EmbeddingService(gate, done.append, response_threads=0)    # answers in computing order
     first, later = request(1), [request(i) for i in range(2, 6)]
     try:
         t = threading.Thread(target=svc.submit, args=(first,), name="caller-1")
@@ -113,7 +116,7 @@ def test_stage_clock_times_every_stage_of_a_request(engine, tmp_path, monkeypatc
     monkeypatch.setenv("ROSE_STAGE_TIMES", str(tmp_path))
     clock = StageClock.from_env("rose")
     engine.mark_stages = True
-    svc = EmbeddingService(engine, lambda r: None, clock=clock)
+    svc = EmbeddingService(engine, lambda r: None, clock=clock, response_threads=0)
     try:
         for i in range(5):
             r = request(20 + i)
@@ -123,10 +126,65 @@ def test_stage_clock_times_every_stage_of_a_request(engine, tmp_path, monkeypatc
         svc.stop(5)
         engine.mark_stages = False
     clock.write()
-    (path,) = tmp_path.glob("rose_*.json")
-    import json
+    (path,) = tmp_path.glob("rose_*[0-9].json")
     summary = json.loads(path.read_text())
-    assert list(summary) == ["scheduled", "launched", "copy_queued", "result_on_host", "sliced", "total"]
+    stages = ["received", "scheduled", "launched", "copy_queued", "result_on_host", "sliced"]
+    assert list(summary) == stages[1:] + ["total"]
     assert all(s["n"] == 5 and s["p50_us"] >= 0 for s in summary.values())
     parts = sum(s["mean_us"] for k, s in summary.items() if k != "total")
     assert abs(parts - summary["total"]["mean_us"]) < 1.0          # the stages add up to the whole
+    # ... and each request's own marks, in order, on the clock other processes use
+    lines = [json.loads(line) for line in path.with_suffix(".marks.jsonl").read_text().splitlines()]
+    assert len(lines) == 5 and all([m[0] for m in d["marks"]] == stages for d in lines)
+    assert all(a[1] <= b[1] for d in lines for a, b in zip(d["marks"], d["marks"][1:]))
+    assert abs(lines[-1]["marks"][-1][1] - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) < 60e9
+
+
+def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_the_loop_thread(engine):
+    gate = Gate(engine)
+    done, where, lock = [], {}, threading.Lock()
+
+    def answer(r):
+        time.sleep(0.01)                         # a send: the GIL is free meanwhile
+        with lock:
+            done.append(r)
+            where.setdefault(id(r), []).append(threading.current_thread().name)
+
+    svc = EmbeddingService(gate, answer, response_threads=3)
+    first, later = request(40), [request(41 + i, n=1) for i in range(6)]
+    try:
+        t = threading.Thread(target=svc.submit, args=(first,), name="caller-1")
+        t.start()
+        assert gate.entered.wait(10)
+        for r in later:                          # pooled behind the inline step: batched together
+            svc.submit(r)
+        gate.open.set()
+        t.join(30)
+        assert wait_until(lambda: len(done) == 7, 30)
+        assert all(len(where[id(r)]) == 1 and r.error is None for r in [first] + later)   # once each
+        assert {where[id(r)][0] for r in later} <= {f"rose-responder-{i}" for i in range(3)}
+        assert len({where[id(r)][0] for r in later}) > 1                                 # side by side
+        for i, r in enumerate(later):
+            np.testing.assert_allclose(r.output, engine.embed([r.input_ids.tolist()]), atol=1e-5, err_msg=str(i))
+        lone = request(50)                       # the service is idle again: no hand-over
+        svc.submit(lone)
+        assert wait_until(lambda: len(done) == 8, 30) and where[id(lone)] == ["rose-scheduler"]
+    finally:
+        gate.open.set()
+        svc.stop(5)
+
+
+def test_stop_returns_after_every_handed_over_answer_is_sent(engine):
+    gate = Gate(engine)
+    done = []
+    svc = EmbeddingService(gate, lambda r: (time.sleep(0.05), done.append(r)), response_threads=2)
+    t = threading.Thread(target=svc.submit, args=(request(60),), name="caller-1")
+    t.start()
+    assert gate.entered.wait(10)
+    for i in range(8):
+        svc.submit(request(61 + i, n=1))
+    gate.open.set()
+    t.join(30)
+    svc.stop(30)                                 # 9 answers of 50 ms each on two threads: not all sent yet
+    assert len(done) == 9 and len({id(r) for r in done}) == 9
+    assert not any(th.is_alive() for th in svc._responders)

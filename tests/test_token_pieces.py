@@ -96,12 +96,13 @@ def test_service_split_requests_equal_one_batch(engine):
     reqs = [_request(rng, rng.integers(1, 12, size=n)) for n in (1, 5, 3)]
     for r in reqs:
         r.input_ids = rng.integers(4, 200, size=r.num_tokens).astype(np.int32)
-    done = []
+    done, where = [], []
     lock = threading.Lock()
 
-    def answer(r):
+    def answer(r):      # on the loop thread: the token rows may be views of the engine's reused buffers
         with lock:
             done.append((r, dict(build_outputs(r, ALL, engine.cfg.normalize, None))))
+            where.append(threading.current_thread().name)
 
     svc = EmbeddingService(engine, answer, max_batch_tokens=16, max_batch_seqs=3, inline=False,
                            on_piece=functools.partial(collect_piece, skip_ids=SKIP))
@@ -111,6 +112,7 @@ def test_service_split_requests_equal_one_batch(engine):
         assert wait_until(lambda: len(done) == len(reqs), 60)
     finally:
         svc.stop(5)
+    assert set(where) == {"rose-scheduler"}
     for r, got in done:
         assert r.error is None
         from rose_backend.engine.batch import PackedBatch

@@ -60,14 +60,14 @@ def find_perf_analyzer() -> tuple[str, dict] | None:
 
 
 def run_perf_analyzer(url: str, model: str, input_file: Path, csv_file: Path, interval_ms: int,
-                      timeout: float = 120.0, concurrency: int = 1) -> dict:
+                      timeout: float = 120.0, concurrency: int = 1, extra: list[str] | None = None) -> dict:
     found = find_perf_analyzer()
     if found is None:
         return {"error": "perf_analyzer not found or its libraries do not load"}
     binary, env = found
     cmd = [binary, "-m", model, "-i", "grpc", "--streaming", "-u", url, "--input-data", str(input_file),
            "--measurement-interval", str(interval_ms), "--stability-percentage", "100",
-           "--max-trials", "10", "--concurrency-range", str(concurrency), "-f", str(csv_file)]
+           "--max-trials", "10", "--concurrency-range", str(concurrency), "-f", str(csv_file)] + (extra or [])
     shown = " ".join(["perf_analyzer"] + cmd[1:])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

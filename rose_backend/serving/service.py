@@ -2,14 +2,25 @@
 
     submit(request) -> the pool                       (any thread; returns at once; an idle service
                                                        launches the request on the calling thread)
-    loop thread:  collect finished batches (in launch order, never blocking)
-                  form the next FCFS batch and launch it: engine.step(batch) -> LazyTensor
+    loop thread:  form the next FCFS batch and launch it: engine.step(batch) -> LazyTensor
+                  collect finished batches (in launch order, never blocking)
                   with nothing left to launch, block on the oldest batch in flight
-    on_complete(request) is called once per request, from the loop thread, when all of its
-    sequences are computed (request.output filled) or it failed (request.error set).
+    on_complete(request) is called once per request when all of its sequences are computed
+    (request.output filled) or it failed (request.error set): from one of `response_threads`
+    responder threads, or from the loop thread itself (see below).
 
 The next batch is launched before the previous one is collected (up to `max_inflight` in flight),
-so the device never waits for the host between batches.
+so the device never waits for the host between batches. A batch formed is launched before the
+finished ones are collected and answered, so answering never delays the device.
+
+Responders: answering a request (on_complete: Triton's `send`) takes a few hundred microseconds,
+most of it waiting on the server with the GIL released. Answered one after the other on the loop
+thread, the last request of a batch of 16 waited for 15 sends, and the next batch waited for all
+of them. With `response_threads` > 0, a finished batch's requests are handed to that many
+responder threads, which send at the same time while the loop thread goes on. A lone request with
+nothing else queued or in flight is still answered by the loop thread (no hand-over on the
+latency path), and so are requests with token-level outputs (their rows may be views of buffers
+the engine reuses, so they are answered before the next batch is collected).
 
 Inline launch (`inline=True`): a request that arrives while the service is idle (nothing queued,
 nothing in flight, nothing being launched) and fits in one batch is launched by the submitting thread
@@ -28,6 +39,7 @@ Failure handling (overload, cancellation, out of memory, other errors, shutdown)
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -47,11 +59,13 @@ class EmbeddingService:
     def __init__(self, engine, on_complete: Callable[[Request], None], *,
                  max_batch_tokens: int = RoseSettings.max_batch_tokens, max_batch_seqs: int = RoseSettings.max_batch_seqs,
                  max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens,
-                 inline: bool = True, clock=None, on_piece: Callable | None = None):
+                 inline: bool = True, clock=None, on_piece: Callable | None = None,
+                 response_threads: int = RoseSettings.response_threads):
         """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); inline: run a
         lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock;
         on_piece(request, first seq, last seq, {name: rows}): takes a piece's sparse / ColBERT rows as
-        its batch is collected (views of reused buffers: valid in the call and the on_complete it leads to)."""
+        its batch is collected (views of reused buffers: valid in the call and the on_complete it leads to);
+        response_threads: threads calling on_complete (0: the loop thread answers every request)."""
         self.engine = engine
         self.on_complete = on_complete
         self.on_piece = on_piece
@@ -67,6 +81,11 @@ class EmbeddingService:
         self._abort = False                                  # stop(): the drain time is up
         self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
         self._host_memory = HostMemoryTrimmer()
+        self._answers: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._responders = [threading.Thread(target=self._respond_loop, name=f"rose-responder-{i}", daemon=True)
+                            for i in range(max(0, response_threads))]
+        for t in self._responders:
+            t.start()
         self._thread = threading.Thread(target=self._loop, name="rose-scheduler", daemon=True)
         self._thread.start()
 
@@ -120,6 +139,12 @@ class EmbeddingService:
             self._thread.join(max(5.0, timeout / 4))
             if self._thread.is_alive():
                 log.error("the scheduler thread did not stop")
+        for _ in self._responders:
+            self._answers.put(None)               # after every answer handed over: they go first
+        for t in self._responders:
+            t.join(10.0)
+            if t.is_alive():
+                log.error("a responder thread did not stop")
 
     # ---- loop thread ------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -144,13 +169,13 @@ class EmbeddingService:
             try:
                 for r in gone:
                     self._finish_cancelled(r)
-                self._collect(block=False)
-                if batch is not None:
+                if batch is not None:             # the device first: launch, then answer what finished
                     try:
                         self._launch(batch)
                     finally:
                         with self._cond:
                             self._busy = False
+                    self._collect(block=False)
                 elif self._inflight:
                     self._collect(block=True)
             except Exception:  # never let the loop die: that would strand every request
@@ -267,6 +292,9 @@ class EmbeddingService:
 
     def _deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None = None) -> None:
         token = 0                                                # first token of the piece in the batch
+        # Hand answers to the responders unless this is a lone request on an idle service.
+        hand_off = bool(self._responders) and (len(batch.pieces) > 1 or len(self._inflight) > 1
+                                              or self.scheduler.has_work())
         for p in batch.pieces:
             r = p.request
             t0, t1 = int(r.offsets[p.first]), int(r.offsets[p.last])
@@ -285,7 +313,7 @@ class EmbeddingService:
                     r.error = r.error or f"taking the token-level outputs failed: {type(e).__name__}: {e}"
             r.remaining -= n
             if r.remaining == 0:
-                self._finish(r)
+                self._finish(r, hand_off and not r.token_outputs)
 
     def _fail(self, batch: ScheduledBatch, message: str) -> None:
         with self._cond:   # the failed request's later sequences must not be computed
@@ -312,7 +340,7 @@ class EmbeddingService:
             log.exception("closing a cancelled request failed")
         _release(r)
 
-    def _finish(self, r: Request) -> None:
+    def _finish(self, r: Request, hand_off: bool = False) -> None:
         if r.finished:                    # exactly one response per request
             return
         r.finished = True
@@ -322,6 +350,12 @@ class EmbeddingService:
             self.stats.failed += 1
         if self.clock is not None:
             self.clock.mark(r, "sliced")
+        if hand_off:
+            self._answers.put(r)
+        else:
+            self._answer(r)
+
+    def _answer(self, r: Request) -> None:
         try:
             self.on_complete(r)
         except Exception:
@@ -329,6 +363,12 @@ class EmbeddingService:
         if self.clock is not None and r.error is None:
             self.clock.finish(r, "+".join(sorted(r.token_outputs)))   # dense-only: ungrouped
         _release(r)
+
+    def _respond_loop(self) -> None:
+        while (r := self._answers.get()) is not None:
+            if self.clock is not None:
+                self.clock.mark(r, "responder_picked_up")
+            self._answer(r)
 
 
 def _release(r: Request) -> None:

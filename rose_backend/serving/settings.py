@@ -83,6 +83,10 @@ class RoseSettings(_Settings):
     max_batch_tokens     token budget of one forward pass (default 16384)
     max_batch_seqs       sequence cap of one forward pass (default 64)
     max_inflight         batches launched but not yet collected (default 2)
+    response_threads     threads that send finished requests' responses while the scheduler thread
+                         goes on launching and collecting batches; a lone request with nothing else
+                         waiting is still answered by the scheduler thread itself, and 0 answers
+                         every request there, one after the other (default 4)
     precapture           "seqs:tokens,..." configurations warmed up in initialize() (kernels compiled,
                          CUDA graphs captured) before the model reports READY, or "none"; fitted to
                          the model's positions and the batch limits; other configurations are
@@ -108,8 +112,8 @@ class RoseSettings(_Settings):
                          uint8 (default "": quantization_ranges.npy / .json in the model folder, if any)
     """
     MODEL = "rose"
-    MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "max_queued_tokens": 0,
-               "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
+    MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "response_threads": 0,
+               "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
                "gpu_memory_headroom_mb": 0}
 
     model_dir: str = ""
@@ -120,6 +124,7 @@ class RoseSettings(_Settings):
     max_batch_tokens: int = 16384
     max_batch_seqs: int = 64
     max_inflight: int = 2
+    response_threads: int = 4
     precapture: str = ""
     max_queued_tokens: int = 1 << 20
     max_request_seqs: int = 4096

@@ -6,10 +6,14 @@
     clock.finish(request)                   # the request's stage durations join the samples
     clock.finish(request, "colbert")        # ... kept apart, as "colbert:<stage>" (one kind of request)
     clock.write()                           # <folder>/rose_<pid>.json: {stage: {"n", "p50_us", "p99_us", "mean_us"}}
+                                            # and <folder>/rose_<pid>.marks.jsonl: each request's own marks,
+                                            # {"group", "marks": [[stage, ns], ...]} a line (the last `keep_marks`)
 
 A stage's duration is the time from the previous mark of the same request to its own mark, so the
 stages of a request add up to its whole host path. Marks cost one perf_counter_ns() and a list
-append; with the clock off (the default) the serving code skips them entirely.
+append; with the clock off (the default) the serving code skips them entirely. The marks are
+CLOCK_MONOTONIC nanoseconds, the clock of Triton's trace timestamps, so a request's marks line up
+with other processes' (rose_bench tail joins them to find where slow requests spend their time).
 """
 from __future__ import annotations
 
@@ -26,9 +30,10 @@ ENV = "ROSE_STAGE_TIMES"
 
 
 class StageClock:
-    def __init__(self, path: str | Path | None = None, keep: int = 200_000):
+    def __init__(self, path: str | Path | None = None, keep: int = 200_000, keep_marks: int = 100_000):
         self.path = Path(path) if path else None
         self.samples: dict[str, deque[int]] = defaultdict(lambda: deque(maxlen=keep))
+        self.requests: deque[tuple[str, list]] = deque(maxlen=keep_marks)   # (group, marks) per request
         self.order: list[str] = []                  # stage names in first-seen order
         self._lock = threading.Lock()
 
@@ -50,6 +55,7 @@ class StageClock:
                 self._add(prefix + stage, t1 - t0)
             if len(marks) > 1:
                 self._add(prefix + "total", marks[-1][1] - marks[0][1])
+            self.requests.append((group, marks))
         holder.marks = []
 
     def _add(self, stage: str, ns: int) -> None:
@@ -70,3 +76,6 @@ class StageClock:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(self.summary(), indent=1))
+            with self._lock:
+                lines = [json.dumps({"group": g, "marks": m}, separators=(",", ":")) for g, m in self.requests]
+            self.path.with_suffix(".marks.jsonl").write_text("".join(line + "\n" for line in lines))

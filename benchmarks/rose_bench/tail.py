@@ -1,0 +1,298 @@
+"""Where the tail of a concurrent load comes from: `embed` with long texts from many clients, each
+request followed through the server, for one or more server variants (a server of its own each).
+
+    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench tail --out $OUT --models bge-m3 \
+        --variants "sync:rose.response_threads=0;threads4:rose.response_threads=4"
+
+Per variant:
+- perf_analyzer, gRPC streaming, `--clients` concurrent clients, `--words`-word texts: p50, p90, p99,
+  requests per second (its CSV), and each request's latency (--profile-export-file) for the
+  client-side percentiles and the p99 / p50 ratio the issue asks for.
+- Triton's own trace (level TIMESTAMPS, every request; `--trace off` leaves it out): each `embed`
+  request with its `tokenize_batched` and `rose` steps, cut into segments (ensemble hand-over,
+  tokenize queue, tokenize execute, hand-over, rose queue, rose execute, rose until released,
+  back to the ensemble's end).
+- The stage clocks of `rose` and `tokenize_batched` (ROSE_STAGE_TIMES, with each request's marks),
+  joined to the trace: a `rose` request's marks belong to the trace whose execute() holds its
+  "received" mark (one instance: execute() calls do not overlap). Both clocks are CLOCK_MONOTONIC.
+- For requests at or below the median and for the slowest 1% (by the ensemble's time in the
+  server), the mean of every segment and stage, side by side: what grows in the tail.
+
+A variant is NAME:SETTING,SETTING...; a SETTING is `MODEL.PARAM=VALUE` (a config.pbtxt parameter,
+e.g. rose.max_inflight=1), `MODEL.count=N` (instance count) or `env.VAR=VALUE` (the server's
+environment, e.g. env.TOKENIZERS_PARALLELISM=false). Random-weight folders at the real shapes
+(the bench's WordLevel tokenizer: a 512-word text is 512 tokens plus specials).
+Results: <out>/tail.json (command, commit, machine, date), rewritten after every variant.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
+from rose_backend.testing.folders import make_folder
+from rose_bench.host_path import text_input
+from rose_bench.perf import run_perf_analyzer
+from rose_bench.record import git_commit, host_info
+
+# the ensemble's request, in the order the segments are cut (consecutive names: one segment)
+# (a decoupled step's COMPUTE_END is when execute() returned, its REQUEST_END when Triton released
+# the request: neither is when it answered, which the stage clock's "sent" mark says)
+TIMELINE = [("embed", "REQUEST_START"), ("tokenize_batched", "QUEUE_START"), ("tokenize_batched", "COMPUTE_START"),
+            ("rose", "QUEUE_START"), ("rose", "COMPUTE_START"), ("rose", "COMPUTE_END"), ("embed", "REQUEST_END")]
+SEGMENTS = ["ensemble_to_tokenize", "tokenize_queue", "tokenize_until_rose_queue", "rose_queue", "rose_execute",
+            "rose_after_execute"]
+
+
+def parse_variant(text: str) -> tuple[str, dict, dict, dict]:
+    """"name:rose.response_threads=0,tokenize_batched.count=4,env.X=1" -> (name, params, counts, env)."""
+    name, _, rest = text.partition(":")
+    params: dict[str, dict[str, str]] = {}
+    counts: dict[str, int] = {}
+    env: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        model, dot, param = key.partition(".")
+        if not eq or not dot:
+            raise ValueError(f"variant {name!r}: {item!r} is not MODEL.PARAM=VALUE, MODEL.count=N or env.VAR=VALUE")
+        if model == "env":
+            env[param] = value
+        elif param == "count":
+            counts[model] = int(value)
+        else:
+            params.setdefault(model, {})[param] = value
+    return name.strip(), params, counts, env
+
+
+def set_instance_count(config: Path, count: int) -> None:
+    text = config.read_text()
+    new, n = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {count}", text)
+    if n != 1:
+        raise ValueError(f"{config}: no single 'instance_group [ {{ count: N' to change")
+    config.write_text(new)
+
+
+def read_trace(path: Path) -> dict[int, dict]:
+    """Triton's trace file(s) -> {trace id: {"model", "parent", "ts": {name: ns}}} (first of each name)."""
+    traces: dict[int, dict] = {}
+    files = sorted(path.parent.glob(path.name + "*"))
+    for f in files:
+        text = f.read_text().strip()
+        if not text:
+            continue
+        for entry in json.loads(text):
+            t = traces.setdefault(int(entry["id"]), {"model": None, "parent": None, "ts": {}})
+            if "model_name" in entry:
+                t["model"] = entry["model_name"]
+                t["parent"] = int(entry.get("parent_id", 0) or 0) or None
+            for stamp in entry.get("timestamps", []):
+                t["ts"].setdefault(stamp["name"], int(stamp["ns"]))
+    return traces
+
+
+def ensemble_timelines(traces: dict[int, dict], ensemble: str = "embed") -> list[dict]:
+    """One dict per complete ensemble request: {"total_us", "start_ns", segment: us, "rose": trace}."""
+    children: dict[int, dict[str, dict]] = {}
+    for t in traces.values():
+        if t["parent"] is not None:
+            children.setdefault(t["parent"], {})[t["model"]] = t
+    out = []
+    for tid, t in traces.items():
+        if t["model"] != ensemble:
+            continue
+        steps = {ensemble: t, **children.get(tid, {})}
+        try:
+            stamps = [steps[m]["ts"][name] for m, name in TIMELINE]
+        except KeyError:
+            continue                                   # incomplete (the trace cut it at the end)
+        row = {"start_ns": stamps[0], "end_ns": stamps[-1], "total_us": (stamps[-1] - stamps[0]) / 1e3,
+               "rose": steps["rose"]}
+        row.update({seg: (b - a) / 1e3 for seg, a, b in zip(SEGMENTS, stamps, stamps[1:])})
+        out.append(row)
+    return out
+
+
+def read_marks(folder: Path, model: str) -> list[list]:
+    """Every request's stage-clock marks of `model`'s instances: [[stage, ns], ...] per request."""
+    out = []
+    for f in sorted(folder.glob(f"{model}_*.marks.jsonl")):
+        out += [json.loads(line)["marks"] for line in f.read_text().splitlines() if line.strip()]
+    return out
+
+
+def join_marks(rows: list[dict], marks: list[list], name: str) -> int:
+    """Put each rose request's stage durations (us) into the row whose rose execute() holds its
+    "received" mark, as "<name>:<stage>", and the time from its "sent" mark to the ensemble's end
+    as "<name>:sent_to_ensemble_end"; returns how many rows got one."""
+    starts = np.array([m[0][1] for m in marks], dtype=np.int64)
+    order = np.argsort(starts)
+    starts = starts[order]
+    joined = 0
+    for row in rows:
+        ts = row["rose"]["ts"]
+        i = int(np.searchsorted(starts, ts["COMPUTE_START"]))
+        if i < len(starts) and starts[i] <= ts["COMPUTE_END"]:
+            m = marks[order[i]]
+            for (_, t0), (stage, t1) in zip(m, m[1:]):
+                row[f"{name}:{stage}"] = row.get(f"{name}:{stage}", 0.0) + (t1 - t0) / 1e3
+            if m[-1][0] == "sent":
+                row[f"{name}:sent_to_ensemble_end"] = (row["end_ns"] - m[-1][1]) / 1e3
+            joined += 1
+    return joined
+
+
+def compare_bands(rows: list[dict], key: str = "total_us") -> dict:
+    """Mean of every numeric field for rows at or below the median of `key` and for the slowest 1%."""
+    if not rows:
+        return {}
+    totals = np.array([r[key] for r in rows])
+    p50, p99 = np.percentile(totals, 50), np.percentile(totals, 99)
+    bands = {"median_and_below": [r for r in rows if r[key] <= p50], "slowest_1pct": [r for r in rows if r[key] >= p99]}
+    fields = [k for k in rows[0] if isinstance(rows[0][k], float)]
+    fields += sorted({k for r in rows for k in r if ":" in k and k not in fields})
+    out = {"n": {b: len(v) for b, v in bands.items()}, "p50_us": round(float(p50), 1), "p99_us": round(float(p99), 1),
+           "p99_over_p50": round(float(p99 / p50), 3), "mean_us": {}}
+    for f in fields:
+        out["mean_us"][f] = {b: round(float(np.mean([r[f] for r in v if f in r])), 1) if any(f in r for r in v)
+                             else None for b, v in bands.items()}
+    return out
+
+
+def batch_sizes(marks: list[list]) -> dict:
+    """Requests per forward pass, from rose's marks (a batch's pieces share one "scheduled" time)."""
+    at = [dict(m).get("scheduled") for m in marks]
+    _, counts = np.unique(np.array([t for t in at if t is not None]), return_counts=True)
+    if counts.size == 0:
+        return {}
+    return {"batches": int(counts.size), "mean_requests": round(float(counts.mean()), 2),
+            "p50_requests": float(np.percentile(counts, 50)), "max_requests": int(counts.max()),
+            "share_of_requests_in_batches_of_1": round(float((counts == 1).sum() / counts.sum()), 3)}
+
+
+def client_latencies(export: Path) -> dict:
+    """perf_analyzer's --profile-export-file: each request's latency to its first response."""
+    if not export.exists():
+        return {"error": "no profile export"}
+    data = json.loads(export.read_text())
+    lat, times = [], []
+    for exp in data.get("experiments", []):
+        for r in exp.get("requests", []):
+            if r.get("response_timestamps"):
+                lat.append((r["response_timestamps"][0] - r["timestamp"]) / 1e6)
+                times.append(r["timestamp"])
+    if not lat:
+        return {"error": "no requests in the profile export"}
+    a = np.array(lat)
+    p50, p99 = np.percentile(a, 50), np.percentile(a, 99)
+    return {"n": int(a.size), "p50_ms": round(float(p50), 3), "p90_ms": round(float(np.percentile(a, 90)), 3),
+            "p99_ms": round(float(p99), 3), "max_ms": round(float(a.max()), 3), "p99_over_p50": round(float(p99 / p50), 3)}
+
+
+def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dict:
+    name, params, counts, env_extra = parse_variant(variant)
+    tag = f"{model}-{name}"
+    stage_dir = work / f"stages-{tag}"
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{tag}", params)
+    for m, n in counts.items():
+        set_instance_count(repo / m / "config.pbtxt", n)
+    trace = work / f"trace-{tag}.json"
+    for f in work.glob(trace.name + "*"):
+        f.unlink()
+    extra = []
+    if args.trace == "on":
+        extra = ["--trace-config", f"triton,file={trace}", "--trace-config", "level=TIMESTAMPS",
+                 "--trace-config", "rate=1", "--trace-config", "count=-1", "--trace-config", "log-frequency=0"]
+    env = dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir), **env_extra)
+    srv = TritonProcess(str(folder), repo, free_ports(), log_file=work / f"triton-{tag}.log", env=env, extra_args=extra)
+    out: dict = {"variant": variant}
+    t0 = time.monotonic()
+    srv.start()
+    try:
+        srv.wait_ready(timeout=600)
+        out["ready_s"] = round(time.monotonic() - t0, 1)
+        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+        export = work / f"profile-{tag}.json"
+        export.unlink(missing_ok=True)
+        out["perf_analyzer"] = run_perf_analyzer(
+            srv.grpc_url, "embed", text_input(work / f"text_{model}_{args.words}.json", vocab, args.words),
+            work / f"pa-{tag}.csv", args.interval_ms, timeout=300, concurrency=args.clients,
+            extra=["--profile-export-file", str(export)])
+        out["client"] = client_latencies(export)
+    finally:
+        out["server_exit_code"] = srv.stop()
+    rows = ensemble_timelines(read_trace(trace)) if args.trace == "on" else []
+    rose_marks = read_marks(stage_dir, "rose")
+    out["rose_batches"] = batch_sizes(rose_marks)
+    if rows:
+        out["traced_requests"] = len(rows)
+        out["rose_marks_joined"] = join_marks(rows, rose_marks, "rose")
+        out["server_side"] = compare_bands(rows)
+    out["stages"] = {p.name.split(".")[0]: json.loads(p.read_text()) for p in sorted(stage_dir.glob("*[0-9].json"))}
+    return out
+
+
+def print_variant(key: str, res: dict) -> None:
+    pa, cl = res.get("perf_analyzer", {}), res.get("client", {})
+    print(f"\n== {key}: perf_analyzer p50 {pa.get('p50_ms')} p99 {pa.get('p99_ms')} ms, {pa.get('infer_per_s')} req/s; "
+          f"each request: p50 {cl.get('p50_ms')} p99 {cl.get('p99_ms')} max {cl.get('max_ms')} ms, "
+          f"p99/p50 {cl.get('p99_over_p50')}; batches {res.get('rose_batches')}", flush=True)
+    side = res.get("server_side")
+    if side:
+        print(f"   in the server (trace): p50 {side['p50_us']} us, p99 {side['p99_us']} us; mean us "
+              f"(median and below | slowest 1%):")
+        for f, v in side["mean_us"].items():
+            print(f"   {f:42s} {v['median_and_below']!s:>10} {v['slowest_1pct']!s:>10}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/rose-tail")
+    ap.add_argument("--models", default="bge-m3")
+    ap.add_argument("--variants", default="sync:rose.response_threads=0;threads4:rose.response_threads=4",
+                    help="NAME:SETTING,...;NAME2:... (see the module's help)")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--words", type=int, default=512)
+    ap.add_argument("--interval-ms", type=int, default=3000)
+    ap.add_argument("--trace", choices=("on", "off"), default="on")
+    ap.add_argument("--work", default="/tmp/rose-tail-work")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    args = ap.parse_args(argv)
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    cuda = _cuda()
+    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host_info("cuda" if cuda else "cpu"),
+              "clients": args.clients, "words": args.words, "runs": {}}
+    for model in args.models.split(","):
+        folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if cuda else "cpu")
+        for variant in filter(None, args.variants.split(";")):
+            key = f"{model}/{variant.split(':')[0]}"
+            try:
+                result["runs"][key] = one_variant(folder, model, variant, work, args)
+            except Exception as e:
+                result["runs"][key] = {"variant": variant, "error": f"{type(e).__name__}: {e}"}
+            print_variant(key, result["runs"][key])
+            (out / "tail.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
