@@ -129,3 +129,46 @@ def test_stub_probe_bench_times_every_step(tmp_path):
     for name in ("get_response_sender", "validate_tokens, first",
                  "validate_tokens, again", "tokenizer, one ~135-token text, first", "send"):
         assert steps[name]["n"] == 70 and steps[name]["p50_us"] > 0, (name, steps.get(name))
+
+
+def test_tail_bench_follows_each_request_through_the_server(tmp_path):
+    """rose_bench tail through a real tritonserver (tiny shape, 3 clients): the variant's settings
+    reach the server, Triton's trace is read and cut into segments, rose's stage clock is joined
+    to it, and the slowest 1% are set against the median."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
+    p = subprocess.run([sys.executable, "-m", "rose_bench", "tail", "--models", "tiny-xlm-roberta", "--words", "60",
+                        "--clients", "3", "--interval-ms", "1000", "--warmup-ms", "1500", "--out", str(tmp_path / "out"),
+                        "--work", str(tmp_path / "work"), "--git-commit", "test",
+                        "--variants", "two:rose.response_threads=2,tokenize_batched.count=1"],
+                       capture_output=True, text=True, env=env, timeout=400, cwd=ROOT / "benchmarks")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((tmp_path / "out" / "tail.json").read_text())
+    assert r["git"]["commit"] == "test" and r["date"] and r["command"] and r["clients"] == 3
+    run = r["runs"]["tiny-xlm-roberta/two"]
+    assert "error" not in run and run["server_exit_code"] == 0, run
+    repo = tmp_path / "work" / "repo-tiny-xlm-roberta-two"
+    assert 'key: "response_threads" value: { string_value: "2" }' in (repo / "rose" / "config.pbtxt").read_text()
+    assert "instance_group [ { count: 1" in (repo / "tokenize_batched" / "config.pbtxt").read_text()
+    assert run["client"]["n"] > 20 and run["client"]["p50_ms"] > 0 and run["warmup"]["rose"]["batches"] > 0
+    assert run["traced_requests"] >= run["client"]["n"]            # the trace covers the warm-up too
+    assert run["rose_marks_joined"] >= 0.9 * run["traced_requests"]
+    side = run["server_side"]
+    assert side["p99_us"] >= side["p50_us"] > 0 and side["n"]["slowest_1pct"] >= 1
+    means = side["mean_us"]
+    for key in ("tokenize_queue", "rose_execute", "rose_after_execute", "rose:validated", "rose:result_on_host", "rose:sent"):
+        assert means[key]["median_and_below"] is not None, key
+    # the segments of a request add up to its time in the server
+    parts = sum(means[k]["median_and_below"] for k in ("ensemble_to_tokenize", "tokenize_queue", "tokenize_until_rose_queue",
+                                                       "rose_queue", "rose_execute", "rose_after_execute"))
+    assert abs(parts - means["total_us"]["median_and_below"]) < 1.0
+    assert "== tiny-xlm-roberta/two" in p.stdout
+
+
+def test_a_trace_cut_short_is_read_up_to_its_last_whole_entry(tmp_path):
+    from rose_bench.trace_join import read_trace
+    whole = [{"id": 1, "model_name": "embed", "model_version": 1}, {"id": 1, "timestamps": [{"name": "REQUEST_START", "ns": 5}]},
+             {"id": 2, "model_name": "rose", "parent_id": 1}]
+    text = json.dumps(whole)
+    (tmp_path / "trace.json").write_text(text[:text.rindex("{") + 8])            # the last entry cut in the middle
+    traces = read_trace(tmp_path / "trace.json")
+    assert traces == {1: {"model": "embed", "parent": None, "ts": {"REQUEST_START": 5}}}

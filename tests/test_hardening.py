@@ -19,7 +19,8 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ShuttingDown, is_out_of_memory
-from rose_backend.serving.service import EmbeddingService, wait_until
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.testing.waiting import wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
 from rose_backend.testing.compare import cos_dist
 

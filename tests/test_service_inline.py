@@ -11,7 +11,8 @@ import pytest
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request
-from rose_backend.serving.service import EmbeddingService, wait_until
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.testing.waiting import wait_until
 from rose_backend.serving.stage_clock import StageClock
 
 
@@ -187,4 +188,4 @@ def test_stop_returns_after_every_handed_over_answer_is_sent(engine):
     t.join(30)
     svc.stop(30)                                 # 9 answers of 50 ms each on two threads: not all sent yet
     assert len(done) == 9 and len({id(r) for r in done}) == 9
-    assert not any(th.is_alive() for th in svc._responders)
+    assert not any(th.is_alive() for th in svc._responders.threads)

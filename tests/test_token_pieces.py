@@ -12,7 +12,8 @@ from rose_backend.engine.staging import Slot
 from rose_backend.serving.outputs import (OutputOptions, build_outputs, collect_piece, colbert_outputs,
                                           sparse_outputs)
 from rose_backend.serving.scheduler import Request
-from rose_backend.serving.service import EmbeddingService, wait_until
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.testing.waiting import wait_until
 
 ALL = OutputOptions(frozenset({"EMBEDDINGS", "SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT", "COLBERT_LENS"}),
                     frozenset({"sparse", "colbert"}))

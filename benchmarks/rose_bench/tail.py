@@ -5,6 +5,10 @@ request followed through the server, for one or more server variants (a server o
         --variants "sync:rose.response_threads=0;threads4:rose.response_threads=4"
 
 Per variant:
+- a warm-up load first (`--warmup-ms`; 0: none): the first batches of each new (sequences, tokens)
+  configuration run eagerly and then capture a CUDA graph (milliseconds each, once), which is the
+  server starting up, not its steady state; the forward passes run eagerly and the graphs captured
+  during the warm-up and during the measurement are both recorded (rose's metrics).
 - perf_analyzer, gRPC streaming, `--clients` concurrent clients, `--words`-word texts: p50, p90, p99,
   requests per second (its CSV), and each request's latency (--profile-export-file) for the
   client-side percentiles and the p99 / p50 ratio the issue asks for.
@@ -39,17 +43,10 @@ import numpy as np
 
 from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
 from rose_backend.testing.folders import make_folder
-from rose_bench.host_path import text_input
+from rose_bench.host_path import text_input, triton_metric
 from rose_bench.perf import run_perf_analyzer
 from rose_bench.record import git_commit, host_info
-
-# the ensemble's request, in the order the segments are cut (consecutive names: one segment)
-# (a decoupled step's COMPUTE_END is when execute() returned, its REQUEST_END when Triton released
-# the request: neither is when it answered, which the stage clock's "sent" mark says)
-TIMELINE = [("embed", "REQUEST_START"), ("tokenize_batched", "QUEUE_START"), ("tokenize_batched", "COMPUTE_START"),
-            ("rose", "QUEUE_START"), ("rose", "COMPUTE_START"), ("rose", "COMPUTE_END"), ("embed", "REQUEST_END")]
-SEGMENTS = ["ensemble_to_tokenize", "tokenize_queue", "tokenize_until_rose_queue", "rose_queue", "rose_execute",
-            "rose_after_execute"]
+from rose_bench.trace_join import batch_sizes, compare_bands, ensemble_timelines, join_marks, read_marks, read_trace
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict, dict]:
@@ -80,105 +77,10 @@ def set_instance_count(config: Path, count: int) -> None:
     config.write_text(new)
 
 
-def read_trace(path: Path) -> dict[int, dict]:
-    """Triton's trace file(s) -> {trace id: {"model", "parent", "ts": {name: ns}}} (first of each name)."""
-    traces: dict[int, dict] = {}
-    files = sorted(path.parent.glob(path.name + "*"))
-    for f in files:
-        text = f.read_text().strip()
-        if not text:
-            continue
-        for entry in json.loads(text):
-            t = traces.setdefault(int(entry["id"]), {"model": None, "parent": None, "ts": {}})
-            if "model_name" in entry:
-                t["model"] = entry["model_name"]
-                t["parent"] = int(entry.get("parent_id", 0) or 0) or None
-            for stamp in entry.get("timestamps", []):
-                t["ts"].setdefault(stamp["name"], int(stamp["ns"]))
-    return traces
-
-
-def ensemble_timelines(traces: dict[int, dict], ensemble: str = "embed") -> list[dict]:
-    """One dict per complete ensemble request: {"total_us", "start_ns", segment: us, "rose": trace}."""
-    children: dict[int, dict[str, dict]] = {}
-    for t in traces.values():
-        if t["parent"] is not None:
-            children.setdefault(t["parent"], {})[t["model"]] = t
-    out = []
-    for tid, t in traces.items():
-        if t["model"] != ensemble:
-            continue
-        steps = {ensemble: t, **children.get(tid, {})}
-        try:
-            stamps = [steps[m]["ts"][name] for m, name in TIMELINE]
-        except KeyError:
-            continue                                   # incomplete (the trace cut it at the end)
-        row = {"start_ns": stamps[0], "end_ns": stamps[-1], "total_us": (stamps[-1] - stamps[0]) / 1e3,
-               "rose": steps["rose"]}
-        row.update({seg: (b - a) / 1e3 for seg, a, b in zip(SEGMENTS, stamps, stamps[1:])})
-        out.append(row)
-    return out
-
-
-def read_marks(folder: Path, model: str) -> list[list]:
-    """Every request's stage-clock marks of `model`'s instances: [[stage, ns], ...] per request."""
-    out = []
-    for f in sorted(folder.glob(f"{model}_*.marks.jsonl")):
-        out += [json.loads(line)["marks"] for line in f.read_text().splitlines() if line.strip()]
-    return out
-
-
-def join_marks(rows: list[dict], marks: list[list], name: str) -> int:
-    """Put each rose request's stage durations (us) into the row whose rose execute() holds its
-    "received" mark, as "<name>:<stage>", and the time from its "sent" mark to the ensemble's end
-    as "<name>:sent_to_ensemble_end"; returns how many rows got one."""
-    starts = np.array([m[0][1] for m in marks], dtype=np.int64)
-    order = np.argsort(starts)
-    starts = starts[order]
-    joined = 0
-    for row in rows:
-        ts = row["rose"]["ts"]
-        i = int(np.searchsorted(starts, ts["COMPUTE_START"]))
-        if i < len(starts) and starts[i] <= ts["COMPUTE_END"]:
-            m = marks[order[i]]
-            for (_, t0), (stage, t1) in zip(m, m[1:]):
-                row[f"{name}:{stage}"] = row.get(f"{name}:{stage}", 0.0) + (t1 - t0) / 1e3
-            if m[-1][0] == "sent":
-                row[f"{name}:sent_to_ensemble_end"] = (row["end_ns"] - m[-1][1]) / 1e3
-            joined += 1
-    return joined
-
-
-def compare_bands(rows: list[dict], key: str = "total_us") -> dict:
-    """Mean of every numeric field for rows at or below the median of `key` and for the slowest 1%."""
-    if not rows:
-        return {}
-    totals = np.array([r[key] for r in rows])
-    p50, p99 = np.percentile(totals, 50), np.percentile(totals, 99)
-    bands = {"median_and_below": [r for r in rows if r[key] <= p50], "slowest_1pct": [r for r in rows if r[key] >= p99]}
-    fields = [k for k in rows[0] if isinstance(rows[0][k], float)]
-    fields += sorted({k for r in rows for k in r if ":" in k and k not in fields})
-    out = {"n": {b: len(v) for b, v in bands.items()}, "p50_us": round(float(p50), 1), "p99_us": round(float(p99), 1),
-           "p99_over_p50": round(float(p99 / p50), 3), "mean_us": {}}
-    for f in fields:
-        out["mean_us"][f] = {b: round(float(np.mean([r[f] for r in v if f in r])), 1) if any(f in r for r in v)
-                             else None for b, v in bands.items()}
-    return out
-
-
-def batch_sizes(marks: list[list]) -> dict:
-    """Requests per forward pass, from rose's marks (a batch's pieces share one "scheduled" time)."""
-    at = [dict(m).get("scheduled") for m in marks]
-    _, counts = np.unique(np.array([t for t in at if t is not None]), return_counts=True)
-    if counts.size == 0:
-        return {}
-    return {"batches": int(counts.size), "mean_requests": round(float(counts.mean()), 2),
-            "p50_requests": float(np.percentile(counts, 50)), "max_requests": int(counts.max()),
-            "share_of_requests_in_batches_of_1": round(float((counts == 1).sum() / counts.sum()), 3)}
-
-
 def client_latencies(export: Path) -> dict:
-    """perf_analyzer's --profile-export-file: each request's latency to its first response."""
+    """perf_analyzer's --profile-export-file: each request's latency to its first response, and
+    where in the measurement the slowest 1% came (share in its first fifth: bunched at the start
+    means start-up work, spread evenly means steady state)."""
     if not export.exists():
         return {"error": "no profile export"}
     data = json.loads(export.read_text())
@@ -190,10 +92,25 @@ def client_latencies(export: Path) -> dict:
                 times.append(r["timestamp"])
     if not lat:
         return {"error": "no requests in the profile export"}
-    a = np.array(lat)
+    a, t = np.array(lat), np.array(times, dtype=np.float64)
     p50, p99 = np.percentile(a, 50), np.percentile(a, 99)
+    first_fifth = t <= t.min() + (t.max() - t.min()) / 5
     return {"n": int(a.size), "p50_ms": round(float(p50), 3), "p90_ms": round(float(np.percentile(a, 90)), 3),
-            "p99_ms": round(float(p99), 3), "max_ms": round(float(a.max()), 3), "p99_over_p50": round(float(p99 / p50), 3)}
+            "p99_ms": round(float(p99), 3), "max_ms": round(float(a.max()), 3), "p99_over_p50": round(float(p99 / p50), 3),
+            "slowest_1pct_share_in_first_fifth": round(float(first_fifth[a >= p99].mean()), 3)}
+
+
+ROSE_COUNTERS = ("rose_eager_runs_total", "rose_graph_captures_total", "rose_batches_total")
+
+
+def rose_counters(srv: TritonProcess) -> dict:
+    url = f"http://127.0.0.1:{srv.ports.metrics}/metrics"
+    time.sleep(1.2)                                        # rose's metrics are polled once a second
+    return {k.removeprefix("rose_").removesuffix("_total"): triton_metric(url, k, "rose") for k in ROSE_COUNTERS}
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in before}
 
 
 def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dict:
@@ -222,14 +139,28 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
         export = work / f"profile-{tag}.json"
         export.unlink(missing_ok=True)
+        texts = text_input(work / f"text_{model}_{args.words}.json", vocab, args.words)
+        c0 = rose_counters(srv)
+        if args.warmup_ms:
+            warm = run_perf_analyzer(srv.grpc_url, "embed", texts, work / f"pa-{tag}-warmup.csv", args.warmup_ms // 3,
+                                     timeout=120, concurrency=args.clients, extra=["--max-trials", "3"])
+            c1 = rose_counters(srv)
+            out["warmup"] = {k: warm.get(k) for k in ("p50_ms", "p99_ms", "infer_per_s", "error") if k in warm}
+            out["warmup"]["rose"] = counter_delta(c0, c1)
+            c0 = c1
         out["perf_analyzer"] = run_perf_analyzer(
-            srv.grpc_url, "embed", text_input(work / f"text_{model}_{args.words}.json", vocab, args.words),
-            work / f"pa-{tag}.csv", args.interval_ms, timeout=300, concurrency=args.clients,
-            extra=["--profile-export-file", str(export)])
+            srv.grpc_url, "embed", texts, work / f"pa-{tag}.csv", args.interval_ms, timeout=300,
+            concurrency=args.clients, extra=["--profile-export-file", str(export)])
         out["client"] = client_latencies(export)
+        out["client"]["rose_during_measurement"] = counter_delta(c0, rose_counters(srv))
     finally:
         out["server_exit_code"] = srv.stop()
-    rows = ensemble_timelines(read_trace(trace)) if args.trace == "on" else []
+    rows = []
+    if args.trace == "on":
+        try:
+            rows = ensemble_timelines(read_trace(trace))
+        except (OSError, ValueError) as e:
+            out["trace_error"] = f"{type(e).__name__}: {e}"
     rose_marks = read_marks(stage_dir, "rose")
     out["rose_batches"] = batch_sizes(rose_marks)
     if rows:
@@ -244,7 +175,9 @@ def print_variant(key: str, res: dict) -> None:
     pa, cl = res.get("perf_analyzer", {}), res.get("client", {})
     print(f"\n== {key}: perf_analyzer p50 {pa.get('p50_ms')} p99 {pa.get('p99_ms')} ms, {pa.get('infer_per_s')} req/s; "
           f"each request: p50 {cl.get('p50_ms')} p99 {cl.get('p99_ms')} max {cl.get('max_ms')} ms, "
-          f"p99/p50 {cl.get('p99_over_p50')}; batches {res.get('rose_batches')}", flush=True)
+          f"p99/p50 {cl.get('p99_over_p50')}, slowest 1% in the first fifth {cl.get('slowest_1pct_share_in_first_fifth')}; "
+          f"rose during it {cl.get('rose_during_measurement')}; warm-up {res.get('warmup')}; "
+          f"batches {res.get('rose_batches')}", flush=True)
     side = res.get("server_side")
     if side:
         print(f"   in the server (trace): p50 {side['p50_us']} us, p99 {side['p99_us']} us; mean us "
@@ -262,6 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--words", type=int, default=512)
     ap.add_argument("--interval-ms", type=int, default=3000)
+    ap.add_argument("--warmup-ms", type=int, default=6000, help="load before measuring (0: none)")
     ap.add_argument("--trace", choices=("on", "off"), default="on")
     ap.add_argument("--work", default="/tmp/rose-tail-work")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")

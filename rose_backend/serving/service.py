@@ -6,40 +6,30 @@
                   collect finished batches (in launch order, never blocking)
                   with nothing left to launch, block on the oldest batch in flight
     on_complete(request) is called once per request when all of its sequences are computed
-    (request.output filled) or it failed (request.error set): from one of `response_threads`
-    responder threads, or from the loop thread itself (see below).
+    (request.output filled) or it failed (request.error set).
 
-The next batch is launched before the previous one is collected (up to `max_inflight` in flight),
-so the device never waits for the host between batches. A batch formed is launched before the
-finished ones are collected and answered, so answering never delays the device.
-
-Responders: answering a request (on_complete: Triton's `send`) takes a few hundred microseconds,
-most of it waiting on the server with the GIL released. Answered one after the other on the loop
-thread, the last request of a batch of 16 waited for 15 sends, and the next batch waited for all
-of them. With `response_threads` > 0, a finished batch's requests are handed to that many
-responder threads, which send at the same time while the loop thread goes on. A lone request with
-nothing else queued or in flight is still answered by the loop thread (no hand-over on the
-latency path), and so are requests with token-level outputs (their rows may be views of buffers
-the engine reuses, so they are answered before the next batch is collected).
+Up to `max_inflight` batches are in flight, and a batch formed is launched before finished ones
+are collected and answered, so the device never waits for the host between batches. A finished
+batch's requests are answered by `response_threads` responder threads side by side (responders.py)
+while the loop thread goes on; the loop thread answers itself a lone request on an idle service
+(no hand-over on the latency path) and requests with token-level outputs (their rows may be views
+of buffers the engine reuses), and every request when response_threads is 0.
 
 Inline launch (`inline=True`): a request that arrives while the service is idle (nothing queued,
 nothing in flight, nothing being launched) and fits in one batch is launched by the submitting thread
 itself, so its forward pass starts without waiting for the loop thread to wake; the loop thread
 wakes while the device runs it, then collects and answers it as any batch. submit() returns right
-after the launch: the caller (Triton's execute) takes the next request at once, and requests
-arriving meanwhile queue in the pool and batch as usual. (Running the whole request on the caller,
-answer included, made every request of a concurrent load a batch of one: Triton hands a decoupled
-Python model one request per execute() call, and delivers the next only when execute() returns.)
+after the launch, so requests arriving meanwhile queue in the pool and batch as usual. (Running the
+whole request on the caller made every request of a concurrent load a batch of one: Triton hands a
+decoupled Python model the next request only when execute() returns.)
 
 Stage timing: with a StageClock (serving/stage_clock.py) each request is marked at every stage of
-its host path, and the engine's step is split into its own stages.
-
-Failure handling (overload, cancellation, out of memory, other errors, shutdown): outcomes.py.
+its host path, and the engine's step is split into its own stages. Failure handling (overload,
+cancellation, out of memory, other errors, shutdown): outcomes.py.
 """
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -49,6 +39,7 @@ import numpy as np
 
 from rose_backend.serving.memory import HostMemoryTrimmer, free_device_cache
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, is_out_of_memory
+from rose_backend.serving.responders import Responders
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
 from rose_backend.serving.settings import RoseSettings
 
@@ -81,11 +72,7 @@ class EmbeddingService:
         self._abort = False                                  # stop(): the drain time is up
         self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
         self._host_memory = HostMemoryTrimmer()
-        self._answers: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        self._responders = [threading.Thread(target=self._respond_loop, name=f"rose-responder-{i}", daemon=True)
-                            for i in range(max(0, response_threads))]
-        for t in self._responders:
-            t.start()
+        self._responders = Responders(max(0, response_threads), self._answer, clock=clock)
         self._thread = threading.Thread(target=self._loop, name="rose-scheduler", daemon=True)
         self._thread.start()
 
@@ -139,12 +126,7 @@ class EmbeddingService:
             self._thread.join(max(5.0, timeout / 4))
             if self._thread.is_alive():
                 log.error("the scheduler thread did not stop")
-        for _ in self._responders:
-            self._answers.put(None)               # after every answer handed over: they go first
-        for t in self._responders:
-            t.join(10.0)
-            if t.is_alive():
-                log.error("a responder thread did not stop")
+        self._responders.stop()
 
     # ---- loop thread ------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -316,15 +298,13 @@ class EmbeddingService:
                 self._finish(r, hand_off and not r.token_outputs)
 
     def _fail(self, batch: ScheduledBatch, message: str) -> None:
+        failed = [r for r in {id(p.request): p.request for p in batch.pieces}.values() if not r.finished]
         with self._cond:   # the failed request's later sequences must not be computed
-            for r in {id(p.request): p.request for p in batch.pieces}.values():
-                if r.finished:
-                    continue
+            for r in failed:
                 r.error = message
                 self.scheduler.remove(r)
-        for r in {id(p.request): p.request for p in batch.pieces}.values():
-            if not r.finished:
-                self._finish(r)
+        for r in failed:
+            self._finish(r)
 
     def _finish_cancelled(self, r: Request) -> None:
         # Not computed further; the response sender still gets its FINAL flag (with an error) so
@@ -334,11 +314,7 @@ class EmbeddingService:
         self.stats.cancelled += 1
         r.error, r.error_kind = CANCELLED, "cancelled"
         r.finished = True
-        try:
-            self.on_complete(r)
-        except Exception:
-            log.exception("closing a cancelled request failed")
-        _release(r)
+        self._answer(r)
 
     def _finish(self, r: Request, hand_off: bool = False) -> None:
         if r.finished:                    # exactly one response per request
@@ -351,7 +327,7 @@ class EmbeddingService:
         if self.clock is not None:
             self.clock.mark(r, "sliced")
         if hand_off:
-            self._answers.put(r)
+            self._responders.hand(r)
         else:
             self._answer(r)
 
@@ -364,12 +340,6 @@ class EmbeddingService:
             self.clock.finish(r, "+".join(sorted(r.token_outputs)))   # dense-only: ungrouped
         _release(r)
 
-    def _respond_loop(self) -> None:
-        while (r := self._answers.get()) is not None:
-            if self.clock is not None:
-                self.clock.mark(r, "responder_picked_up")
-            self._answer(r)
-
 
 def _release(r: Request) -> None:
     # Drop the caller's objects (Triton's response sender and request) as soon as the request is
@@ -377,13 +347,3 @@ def _release(r: Request) -> None:
     # shutdown waits for that.
     r.handle = None
     r.is_cancelled = None
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.001) -> bool:
-    """Poll `predicate` until it holds or `timeout` seconds pass (tests and shutdown use it)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
