@@ -189,3 +189,29 @@ def test_stop_returns_after_every_handed_over_answer_is_sent(engine):
     svc.stop(30)                                 # 9 answers of 50 ms each on two threads: not all sent yet
     assert len(done) == 9 and len({id(r) for r in done}) == 9
     assert not any(th.is_alive() for th in svc._responders.threads)
+
+
+def test_host_memory_is_trimmed_when_idle_and_under_a_load_only_rarely(monkeypatch):
+    from rose_backend.serving import memory
+    now = [100.0]
+    monkeypatch.setattr(memory.time, "monotonic", lambda: now[0])
+    trims = {}
+    for mode in memory.HostMemoryTrimmer.MODES:
+        now[0] = 100.0
+        t = memory.HostMemoryTrimmer(mode, interval=1.0, busy_factor=30)
+        if t._trim is not None:
+            t._trim = lambda _pad: None                   # glibc's malloc_trim, not called in the test
+        trims[mode] = []
+        for step in range(1, 121):                        # two minutes, a check every second
+            now[0] = 100.0 + step
+            before = t.trims
+            t.maybe_trim(idle=step > 90)                  # busy for 90 s, then idle
+            if t.trims > before:
+                trims[mode].append(step)
+    if memory.HostMemoryTrimmer("idle")._trim is None:
+        pytest.skip("not glibc: nothing is trimmed")
+    assert trims["off"] == []
+    assert trims["periodic"] == list(range(1, 121))
+    assert trims["idle"] == [30, 60, 90] + list(range(91, 121))     # busy: every 30 s; idle: every second
+    with pytest.raises(ValueError, match="idle, periodic, off"):
+        memory.HostMemoryTrimmer("sometimes")

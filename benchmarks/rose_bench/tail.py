@@ -105,7 +105,7 @@ ROSE_COUNTERS = ("rose_eager_runs_total", "rose_graph_captures_total", "rose_bat
 
 def rose_counters(srv: TritonProcess) -> dict:
     url = f"http://127.0.0.1:{srv.ports.metrics}/metrics"
-    time.sleep(1.2)                                        # rose's metrics are polled once a second
+    time.sleep(1.5)                                        # rose's metrics: each refreshed once a second
     return {k.removeprefix("rose_").removesuffix("_total"): triton_metric(url, k, "rose") for k in ROSE_COUNTERS}
 
 

@@ -7,6 +7,11 @@ With gauges sent every second, an idle `tokenize_batched` stub outlived its kill
 did not end it: presumably the blocked call holds the GIL); sending a value only when it changed,
 and nothing once the stub's parent is gone: 0 of 5.
 
+The round trip does hold the GIL (python_backend's Metric::SendIncrementRequest does not release
+it), so the stub's other threads stop while it lasts. The metrics are therefore refreshed one at a
+time, spread over the period (one every period / N seconds), never all in one burst: under a load,
+a burst of ten round trips once a second stalled the scheduler thread for a whole batch.
+
     metrics = PolledMetrics(args, model, {"name_total": ("what it counts", lambda m: m.stats.x)},
                             gauges={"name": ("what it measures", lambda m: m.queued)})
     metrics.stop()          # in finalize()
@@ -42,25 +47,31 @@ class PolledMetrics:
         self._thread.start()
 
     def _run(self):
-        while not self._stop.wait(self.period_s):
+        tick, i = self.period_s / max(1, len(self.metrics)), 0
+        while self.metrics and not self._stop.wait(tick):
             if os.getppid() != self._parent:        # the server is gone: no more round trips
                 return
             try:
-                self.refresh()
+                self._refresh_one(*self.metrics[i][1:])
             except Exception:
                 log.exception("refreshing metrics failed")
+            i = (i + 1) % len(self.metrics)
 
     def refresh(self):
+        """Every metric now (one round trip per changed value)."""
         for _, metric, read, is_counter in self.metrics:
-            value = read(self.model)
-            last = self.last[id(metric)]
-            if is_counter and value > last:
-                metric.increment(value - last)
-            elif not is_counter and value != last:
-                metric.set(value)
-            else:
-                continue
-            self.last[id(metric)] = value
+            self._refresh_one(metric, read, is_counter)
+
+    def _refresh_one(self, metric, read, is_counter: bool) -> None:
+        value = read(self.model)
+        last = self.last[id(metric)]
+        if is_counter and value > last:
+            metric.increment(value - last)
+        elif not is_counter and value != last:
+            metric.set(value)
+        else:
+            return
+        self.last[id(metric)] = value
 
     def stop(self):
         self._stop.set()

@@ -51,12 +51,13 @@ class EmbeddingService:
                  max_batch_tokens: int = RoseSettings.max_batch_tokens, max_batch_seqs: int = RoseSettings.max_batch_seqs,
                  max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens,
                  inline: bool = True, clock=None, on_piece: Callable | None = None,
-                 response_threads: int = RoseSettings.response_threads):
+                 response_threads: int = RoseSettings.response_threads,
+                 host_memory_trim: str = RoseSettings.host_memory_trim):
         """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); inline: run a
         lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock;
         on_piece(request, first seq, last seq, {name: rows}): takes a piece's sparse / ColBERT rows as
         its batch is collected (views of reused buffers: valid in the call and the on_complete it leads to);
-        response_threads: threads calling on_complete (0: the loop thread answers every request)."""
+        response_threads, host_memory_trim: as the `rose` parameters (responders.py, memory.py)."""
         self.engine = engine
         self.on_complete = on_complete
         self.on_piece = on_piece
@@ -71,7 +72,7 @@ class EmbeddingService:
         self._stopping = False
         self._abort = False                                  # stop(): the drain time is up
         self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
-        self._host_memory = HostMemoryTrimmer()
+        self._host_memory = HostMemoryTrimmer(host_memory_trim)
         self._responders = Responders(max(0, response_threads), self._answer, clock=clock)
         self._thread = threading.Thread(target=self._loop, name="rose-scheduler", daemon=True)
         self._thread.start()
@@ -163,7 +164,7 @@ class EmbeddingService:
             except Exception:  # never let the loop die: that would strand every request
                 log.exception("scheduler loop error")
             del batch, gone                   # hold no finished request while waiting (see _release)
-            self._host_memory.maybe_trim()
+            self._host_memory.maybe_trim(idle=not self._inflight and not self.scheduler.has_work())
 
     def _abort_all(self) -> None:
         """Called with the lock held when stop()'s time is up: answer everything still waiting."""

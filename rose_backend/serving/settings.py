@@ -87,6 +87,10 @@ class RoseSettings(_Settings):
                          goes on launching and collecting batches; a lone request with nothing else
                          waiting is still answered by the scheduler thread itself, and 0 answers
                          every request there, one after the other (default 4)
+    host_memory_trim     idle | periodic | off: when the scheduler thread hands freed host heap back
+                         to the OS (malloc_trim): idle = with nothing queued or in flight, at most
+                         once a second (and every 30 s under a load that never pauses); periodic =
+                         once a second whatever the load; off = never (default idle)
     precapture           "seqs:tokens,..." configurations warmed up in initialize() (kernels compiled,
                          CUDA graphs captured) before the model reports READY, or "none"; fitted to
                          the model's positions and the batch limits; other configurations are
@@ -125,6 +129,7 @@ class RoseSettings(_Settings):
     max_batch_seqs: int = 64
     max_inflight: int = 2
     response_threads: int = 4
+    host_memory_trim: str = "idle"
     precapture: str = ""
     max_queued_tokens: int = 1 << 20
     max_request_seqs: int = 4096
@@ -142,6 +147,9 @@ class RoseSettings(_Settings):
         if self.inline_execute not in ("auto", "true", "false"):
             raise ValueError(f"model 'rose': parameter 'inline_execute' must be auto, true or false, "
                              f"got {self.inline_execute!r}")
+        if self.host_memory_trim not in ("idle", "periodic", "off"):
+            raise ValueError(f"model 'rose': parameter 'host_memory_trim' must be idle, periodic or off, "
+                             f"got {self.host_memory_trim!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"model 'rose': parameter 'cuda_graphs' must be auto, on or off, got {self.cuda_graphs!r}")
         if self.dtype and self.dtype not in DTYPES:

@@ -85,7 +85,7 @@ class RoseModel:
                 self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
                 max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
                 inline=inline == "true", clock=self.clock, on_piece=on_piece,
-                response_threads=s.response_threads)
+                response_threads=s.response_threads, host_memory_trim=s.host_memory_trim)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES)
