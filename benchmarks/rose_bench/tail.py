@@ -19,8 +19,9 @@ Per variant:
 - The stage clocks of `rose` and `tokenize_batched` (ROSE_STAGE_TIMES, with each request's marks),
   joined to the trace: a `rose` request's marks belong to the trace whose execute() holds its
   "received" mark (one instance: execute() calls do not overlap). Both clocks are CLOCK_MONOTONIC.
-- For requests at or below the median and for the slowest 1% (by the ensemble's time in the
-  server), the mean of every segment and stage, side by side: what grows in the tail.
+- For the requests of the measurement (the warm-up's left out) at or below the median and for the
+  slowest 1% (by the ensemble's time in the server), the mean of every segment and stage, side by
+  side: what grows in the tail.
 
 A variant is NAME:SETTING,SETTING...; a SETTING is `MODEL.PARAM=VALUE` (a config.pbtxt parameter,
 e.g. rose.max_inflight=1), `MODEL.count=N` (instance count) or `env.VAR=VALUE` (the server's
@@ -131,6 +132,7 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
     env = dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir), **env_extra)
     srv = TritonProcess(str(folder), repo, free_ports(), log_file=work / f"triton-{tag}.log", env=env, extra_args=extra)
     out: dict = {"variant": variant}
+    measured_from = 0
     t0 = time.monotonic()
     srv.start()
     try:
@@ -148,6 +150,7 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
             out["warmup"] = {k: warm.get(k) for k in ("p50_ms", "p99_ms", "infer_per_s", "error") if k in warm}
             out["warmup"]["rose"] = counter_delta(c0, c1)
             c0 = c1
+        measured_from = time.monotonic_ns()              # the trace and the marks cover the warm-up too
         out["perf_analyzer"] = run_perf_analyzer(
             srv.grpc_url, "embed", texts, work / f"pa-{tag}.csv", args.interval_ms, timeout=300,
             concurrency=args.clients, extra=["--profile-export-file", str(export)])
@@ -158,10 +161,10 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
     rows = []
     if args.trace == "on":
         try:
-            rows = ensemble_timelines(read_trace(trace))
+            rows = [r for r in ensemble_timelines(read_trace(trace)) if r["start_ns"] >= measured_from]
         except (OSError, ValueError) as e:
             out["trace_error"] = f"{type(e).__name__}: {e}"
-    rose_marks = read_marks(stage_dir, "rose")
+    rose_marks = [m for m in read_marks(stage_dir, "rose") if m[0][1] >= measured_from]
     out["rose_batches"] = batch_sizes(rose_marks)
     if rows:
         out["traced_requests"] = len(rows)

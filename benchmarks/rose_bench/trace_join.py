@@ -130,3 +130,35 @@ def batch_sizes(marks: list[list]) -> dict:
     return {"batches": int(counts.size), "mean_requests": round(float(counts.mean()), 2),
             "p50_requests": float(np.percentile(counts, 50)), "max_requests": int(counts.max()),
             "share_of_requests_in_batches_of_1": round(float((counts == 1).sum() / counts.sum()), 3)}
+
+
+def marks_bands(marks: list[list], skip_batches: int = 0) -> dict:
+    """rose's own time per request (first mark to last) from its marks alone, median and below
+    against the slowest 1%, stage by stage; `skip_batches`: leave out the first batches (a warm-up)."""
+    if skip_batches:
+        formed = sorted({dict(m)["scheduled"] for m in marks if "scheduled" in dict(m)})
+        cut = formed[min(skip_batches, len(formed) - 1)]
+        marks = [m for m in marks if dict(m).get("scheduled", -1) >= cut]
+    rows = []
+    for m in marks:
+        row = {"total_us": (m[-1][1] - m[0][1]) / 1e3}
+        for (_, t0), (stage, t1) in zip(m, m[1:]):
+            row[f"rose:{stage}"] = row.get(f"rose:{stage}", 0.0) + (t1 - t0) / 1e3
+        rows.append(row)
+    return compare_bands(rows)
+
+
+def main(argv=None) -> int:
+    """python -m rose_bench.trace_join MARKS.jsonl [--skip-batches N]: marks_bands of one file."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("marks")
+    ap.add_argument("--skip-batches", type=int, default=0)
+    args = ap.parse_args(argv)
+    marks = [json.loads(line)["marks"] for line in Path(args.marks).read_text().splitlines() if line.strip()]
+    print(json.dumps(marks_bands(marks, args.skip_batches), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
