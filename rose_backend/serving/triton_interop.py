@@ -3,13 +3,27 @@
 Triton 2.51's Python backend (pybind11 2.10) misreads numpy 2 arrays: the shape survives but every
 element reads as the first, and numpy outputs arrive empty. That would turn every request into
 silently wrong embeddings, so each model refuses to start instead, saying what to do.
+
+Reading arrays back is checked here; sending them is not (that needs a response). In one stub
+(numpy 2.4.6, session 5) the read check passed and every answer still went out empty, so numpy 2
+itself is refused too, unless $ROSE_ALLOW_NUMPY2=1 says the Python backend was built for it.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+ALLOW_NUMPY2 = "ROSE_ALLOW_NUMPY2"
 
 
 def check_numpy_interop(pb_utils, model: str) -> None:
+    if int(np.__version__.split(".")[0]) >= 2 and os.environ.get(ALLOW_NUMPY2, "") != "1":
+        raise pb_utils.TritonModelException(
+            f"{model}: numpy {np.__version__} in the Python backend's stub. Triton 2.51's Python backend "
+            "sends numpy 2 output arrays empty: point ROSE_STUB_SITE at a folder holding numpy 1.26 "
+            f"(benchmarks/gpu/add_stub_numpy.sh), or set {ALLOW_NUMPY2}=1 with a Python backend built "
+            "for numpy 2.")
     probe = np.arange(1, 6, dtype=np.int32)
     seen = pb_utils.Tensor("probe", probe).as_numpy()
     text = np.array([b"ab", b"cde"], dtype=np.object_)
