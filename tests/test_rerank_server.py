@@ -130,14 +130,18 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(served, clie
     if name != "tiny-qwen3-reranker":
         with pytest.raises(ServerError, match="takes no INSTRUCTION"):
             client.rerank("a query", ["a document"], instruction="be strict")
-    conn = StreamConnection(srv.grpc_url)
-    try:
-        with pytest.raises(Exception, match="missing input DOCUMENTS"):
-            conn.infer("rerank", [("QUERY", ["q"])]).result(60)
-        with pytest.raises(Exception, match="unexpected shape for input .QUERY."):
-            conn.infer("tokenize", [("QUERY", ["a", "b"]), ("DOCUMENTS", ["d"])]).result(60)
-    finally:
-        conn.close()
+    # one stream each: two error answers back to back on one stream once aborted Triton 2.51 itself
+    # (gRPC's proto_buffer_writer.h:65 "!byte_buffer->Valid()", 1 of 6 full runs; cf. triton-
+    # inference-server/server#7472), a server bug this test is not about
+    for model, inputs, message in (("rerank", [("QUERY", ["q"])], "missing input DOCUMENTS"),
+                                   ("tokenize", [("QUERY", ["a", "b"]), ("DOCUMENTS", ["d"])],
+                                    "unexpected shape for input .QUERY.")):
+        conn = StreamConnection(srv.grpc_url)
+        try:
+            with pytest.raises(Exception, match=message):
+                conn.infer(model, inputs).result(60)
+        finally:
+            conn.close()
     assert client.rerank("a query", []).shape == (0,)
     query, doc = _texts(name, rng, [3, 5])
     np.testing.assert_allclose(client.rerank(query, [doc]), reference_scores(folder, query, [doc]), atol=1e-4)

@@ -229,6 +229,38 @@ def test_port_in_use_fails_at_once_naming_it(which):
     assert not leftovers.processes([f"rose_{proc.pid}_"])
 
 
+def test_triton_objects_are_kept_not_destroyed_once_the_server_is_gone(monkeypatch):
+    """Destroying a response sender after the server died can block forever with the GIL held
+    (parent_watch.server_gone): once the stub has been re-parented, they are kept instead."""
+    import gc
+    import weakref
+    from rose_backend.serving import parent_watch
+    from rose_backend.serving.scheduler import Request
+
+    class Sender:            # stands in for Triton's response sender (only its lifetime matters)
+        pass
+
+    def answered_request():
+        r = Request(np.ones(3, np.int32), np.array([3], np.int32), handle=Sender())
+        return r, weakref.ref(r.handle)
+
+    monkeypatch.setattr(parent_watch, "_kept", [])
+    monkeypatch.setattr(parent_watch, "_server_pid", os.getppid())           # the server is alive
+    r, alive = answered_request()
+    parent_watch.drop_triton_objects(r, "handle", "is_cancelled")
+    gc.collect()
+    assert r.handle is None and alive() is None                               # dropped at once
+    monkeypatch.setattr(parent_watch, "_server_pid", os.getppid() + 100000)  # re-parented: it died
+    assert parent_watch.server_gone()
+    r, alive = answered_request()
+    parent_watch.drop_triton_objects(r, "handle", "is_cancelled")
+    del r
+    gc.collect()
+    assert alive() is not None and len(parent_watch._kept) == 1                # kept, never destroyed
+    monkeypatch.setattr(parent_watch, "_server_pid", None)                    # not in a stub
+    assert not parent_watch.server_gone()
+
+
 def test_stub_arguments_are_read_from_the_stub_command_line():
     cmd = b"\0".join([b"/x/backends/python/triton_python_backend_stub", b"/r/rose/1/model.py",
                        b"rose_12_8001_abc", b"1048576", b"1048576", b"4242", b"/x/python", b"336",

@@ -25,6 +25,34 @@ import time
 
 log = logging.getLogger(__name__)
 
+_server_pid: int | None = None          # set by watch_parent in a stub
+
+
+def server_gone() -> bool:
+    """True in a stub whose tritonserver has died (the stub was re-parented); False elsewhere.
+
+    Dropping a Triton object (a response sender, a request) runs its C++ destructor with the GIL
+    held, and that destructor queues a clean-up message behind the stub-to-parent mutex. Once the
+    server is dead, a `request.is_cancelled()` query can hold that mutex forever (above), so such a
+    drop blocks forever with the GIL held, and this watchdog, which needs the GIL, never runs. The
+    service therefore keeps those objects (drop_triton_objects) once this is True. With
+    responder threads, one thread could drop a sender while another waits on such a query.
+    """
+    return _server_pid is not None and os.getppid() != _server_pid
+
+
+_kept: list = []                        # Triton objects not dropped because the server was gone
+
+
+def drop_triton_objects(holder, *names: str) -> None:
+    """Set these attributes of `holder` to None; once the server is gone, keep their objects
+    alive here instead of letting them be destroyed (server_gone says why)."""
+    if server_gone():
+        _kept.append(tuple(getattr(holder, n) for n in names))
+    for n in names:
+        setattr(holder, n, None)
+
+
 STUB_NAME = "triton_python_backend_stub"
 
 
@@ -62,6 +90,8 @@ def watch_parent(model: str, interval: float = 0.5) -> threading.Thread | None:
     region, server_pid = found
     if os.getppid() != server_pid:          # already orphaned (or not started by a server)
         server_pid = os.getppid()
+    global _server_pid
+    _server_pid = server_pid
 
     def run():
         while os.getppid() == server_pid:

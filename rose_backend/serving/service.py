@@ -38,6 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rose_backend.serving.memory import HostMemoryTrimmer, free_device_cache
+from rose_backend.serving.parent_watch import drop_triton_objects
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, is_out_of_memory
 from rose_backend.serving.responders import Responders
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
@@ -345,6 +346,5 @@ class EmbeddingService:
 def _release(r: Request) -> None:
     # Drop the caller's objects (Triton's response sender and request) as soon as the request is
     # answered: Triton counts a request in flight until they are gone, and unloading the model at
-    # shutdown waits for that.
-    r.handle = None
-    r.is_cancelled = None
+    # shutdown waits for that. (Kept instead once the server is dead: parent_watch.server_gone.)
+    drop_triton_objects(r, "handle", "is_cancelled")
