@@ -39,6 +39,17 @@ class Gate:
         return self.engine.step(batch)
 
 
+def pooled_behind_an_inline_step(svc, gate, first, later) -> threading.Thread:
+    """`first` launched inline from thread "caller-1" and held at the gate; `later` submitted
+    meanwhile (so they wait in the pool). The caller opens the gate and joins the thread."""
+    t = threading.Thread(target=svc.submit, args=(first,), name="caller-1")
+    t.start()
+    assert gate.entered.wait(10)
+    for r in later:
+        svc.submit(r)
+    return t
+
+
 def test_idle_request_is_launched_by_the_submitting_thread_and_answered_by_the_loop(engine):
     gate = Gate(engine)
     gate.open.set()
@@ -62,11 +73,7 @@ def test_a_concurrent_load_still_forms_batches(engine):
     done = []
     svc = EmbeddingService(gate, done.append)
     try:
-        t = threading.Thread(target=svc.submit, args=(request(30),), name="caller-1")
-        t.start()
-        assert gate.entered.wait(10)
-        for i in range(6):
-            svc.submit(request(31 + i, n=1))
+        t = pooled_behind_an_inline_step(svc, gate, request(30), [request(31 + i, n=1) for i in range(6)])
         gate.open.set()
         t.join(30)
         assert wait_until(lambda: len(done) == 7, 30)
@@ -82,11 +89,7 @@ def test_requests_arriving_during_an_inline_step_queue_and_keep_their_order(engi
     svc = EmbeddingService(gate, done.append, response_threads=0)    # answers in computing order
     first, later = request(1), [request(i) for i in range(2, 6)]
     try:
-        t = threading.Thread(target=svc.submit, args=(first,), name="caller-1")
-        t.start()
-        assert gate.entered.wait(10)
-        for r in later:                       # the engine is busy inline: these go to the pool
-            svc.submit(r)
+        t = pooled_behind_an_inline_step(svc, gate, first, later)   # the engine is busy inline: pooled
         assert done == [] and svc.scheduler.has_work()
         gate.open.set()
         t.join(30)
@@ -154,11 +157,7 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_the_loop_th
     svc = EmbeddingService(gate, answer, response_threads=3)
     first, later = request(40), [request(41 + i, n=1) for i in range(6)]
     try:
-        t = threading.Thread(target=svc.submit, args=(first,), name="caller-1")
-        t.start()
-        assert gate.entered.wait(10)
-        for r in later:                          # pooled behind the inline step: batched together
-            svc.submit(r)
+        t = pooled_behind_an_inline_step(svc, gate, first, later)   # pooled: batched together
         gate.open.set()
         t.join(30)
         assert wait_until(lambda: len(done) == 7, 30)
@@ -179,11 +178,7 @@ def test_stop_returns_after_every_handed_over_answer_is_sent(engine):
     gate = Gate(engine)
     done = []
     svc = EmbeddingService(gate, lambda r: (time.sleep(0.05), done.append(r)), response_threads=2)
-    t = threading.Thread(target=svc.submit, args=(request(60),), name="caller-1")
-    t.start()
-    assert gate.entered.wait(10)
-    for i in range(8):
-        svc.submit(request(61 + i, n=1))
+    t = pooled_behind_an_inline_step(svc, gate, request(60), [request(61 + i, n=1) for i in range(8)])
     gate.open.set()
     t.join(30)
     svc.stop(30)                                 # 9 answers of 50 ms each on two threads: not all sent yet

@@ -26,7 +26,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.testing.folders import make_folder as _make_folder
 from rose_bench.engine_bench import events_ms
-from rose_bench.record import git_commit, host_info
+from rose_bench.record import run_record
 
 CONFIGS = [(1, 128), (1, 512), (1, 4096), (100, 512)]
 
@@ -165,17 +165,14 @@ def main(argv=None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.splitk_ab:
-        res = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit), "machine": host_info("cuda"),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "cells": splitk_ab(args.models.split(","), Path(args.folders))}
+        res = {**run_record(args.git_commit, "cuda"), "cells": splitk_ab(args.models.split(","), Path(args.folders))}
         (out_dir / "splitk_ab.json").write_text(json.dumps(res, indent=1))
         return 0
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     if args.one:
         print("RESULT " + json.dumps(run_one(*args.one, configs, Path(args.folders), args.warm_only)), flush=True)
         return
-    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host_info("cuda"),
+    result = {**run_record(args.git_commit, "cuda"),
               "env": {k: v for k, v in os.environ.items() if k.startswith("ROSE_")}, "warm": {}, "cells": {}}
     path = out_dir / "forward_profile.json"
     pairs = [(m, b) for m in args.models.split(",") for b in args.backends.split(",")]

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from rose_bench.engine_bench import events_ms
-from rose_bench.record import git_commit, host_info
+from rose_bench.record import run_record
 
 # (name, N, K) of each projection: BGE-M3 (XLM-R large) and pplx-embed (Qwen3 0.6B)
 SHAPES = [("bge qkv", 3072, 1024), ("bge o", 1024, 1024), ("bge up", 4096, 1024), ("bge down", 1024, 4096),
@@ -131,8 +130,7 @@ def main(argv=None) -> int:
 
 def save(rows: list[dict], path: Path, commit: str | None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = {"command": " ".join(sys.argv), "git": git_commit(commit), "machine": host_info("cuda"),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+    result = {**run_record(commit, "cuda"), "rows": rows}
     path.write_text(json.dumps(result, indent=1))
     print(f"saved {path}")
     return 0

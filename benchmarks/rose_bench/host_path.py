@@ -29,7 +29,7 @@ import numpy as np
 from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy, served_models
 from rose_backend.testing.folders import ids_to_text, make_folder, random_ids
 from rose_bench.perf import run_perf_analyzer, write_input_data
-from rose_bench.record import git_commit, host_info, repo_root
+from rose_bench.record import cuda_available, repo_root, run_record
 
 FLOOR_REPOSITORY = repo_root() / "benchmarks" / "floor_repository"
 
@@ -125,11 +125,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     modes = {m: v.split(",") for m, v in (kv.split("=", 1) for kv in filter(None, args.inline.split(";")))}
-    host = host_info("cuda" if _gpu_name() else "cpu")
-    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host, "runs": {}}
+    cuda = cuda_available()
+    result = {**run_record(args.git_commit, "cuda" if cuda else "cpu"), "runs": {}}
     for model in args.models.split(","):
-        folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if _gpu_name() else "cpu")
+        folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if cuda else "cpu")
         for inline in modes.get(model, ["true"]):
             try:
                 result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms)
@@ -146,14 +145,6 @@ def main(argv=None) -> int:
     for key, run in result["runs"].items():
         print(key, json.dumps(run.get("stages", run))[:2000], flush=True)
     return 0
-
-
-def _gpu_name() -> str:
-    try:
-        import torch
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-    except ImportError:
-        return ""
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def host_info(device: str) -> dict:
     except Exception:
         pass
     return info
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def run_record(commit: str | None, device: str) -> dict:
+    """What a run's JSON opens with: its command line, git commit (`commit` where .git is not
+    available), date and machine."""
+    return {"command": " ".join(sys.argv), "git": git_commit(commit),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host_info(device)}
 
 
 def git_commit(explicit: str | None) -> dict:

@@ -46,7 +46,7 @@ from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports,
 from rose_backend.testing.folders import make_folder
 from rose_bench.host_path import text_input, triton_metric
 from rose_bench.perf import run_perf_analyzer
-from rose_bench.record import git_commit, host_info
+from rose_bench.record import cuda_available, run_record
 from rose_bench.trace_join import batch_sizes, compare_bands, ensemble_timelines, join_marks, read_marks, read_trace
 
 
@@ -206,10 +206,9 @@ def main(argv=None) -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    cuda = _cuda()
-    result = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host_info("cuda" if cuda else "cpu"),
-              "clients": args.clients, "words": args.words, "runs": {}}
+    cuda = cuda_available()
+    result = {**run_record(args.git_commit, "cuda" if cuda else "cpu"), "clients": args.clients,
+              "words": args.words, "runs": {}}
     for model in args.models.split(","):
         folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if cuda else "cpu")
         for variant in filter(None, args.variants.split(";")):
@@ -221,14 +220,6 @@ def main(argv=None) -> int:
             print_variant(key, result["runs"][key])
             (out / "tail.json").write_text(json.dumps(result, indent=1))
     return 0
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 if __name__ == "__main__":

@@ -75,12 +75,20 @@ def ensemble_timelines(traces: dict[int, dict], ensemble: str = "embed") -> list
     return out
 
 
+def read_marks_file(path: Path) -> list[list]:
+    """One StageClock marks file: [[stage, ns], ...] per request."""
+    return [json.loads(line)["marks"] for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def read_marks(folder: Path, model: str) -> list[list]:
     """Every request's stage-clock marks of `model`'s instances: [[stage, ns], ...] per request."""
-    out = []
-    for f in sorted(folder.glob(f"{model}_*.marks.jsonl")):
-        out += [json.loads(line)["marks"] for line in f.read_text().splitlines() if line.strip()]
-    return out
+    return [m for f in sorted(folder.glob(f"{model}_*.marks.jsonl")) for m in read_marks_file(f)]
+
+
+def add_stage_durations(row: dict, marks: list, name: str) -> None:
+    """row["<name>:<stage>"] += the us from each mark to the next (a stage named twice adds up)."""
+    for (_, t0), (stage, t1) in zip(marks, marks[1:]):
+        row[f"{name}:{stage}"] = row.get(f"{name}:{stage}", 0.0) + (t1 - t0) / 1e3
 
 
 def join_marks(rows: list[dict], marks: list[list], name: str) -> int:
@@ -96,8 +104,7 @@ def join_marks(rows: list[dict], marks: list[list], name: str) -> int:
         i = int(np.searchsorted(starts, ts["COMPUTE_START"]))
         if i < len(starts) and starts[i] <= ts["COMPUTE_END"]:
             m = marks[order[i]]
-            for (_, t0), (stage, t1) in zip(m, m[1:]):
-                row[f"{name}:{stage}"] = row.get(f"{name}:{stage}", 0.0) + (t1 - t0) / 1e3
+            add_stage_durations(row, m, name)
             if m[-1][0] == "sent":
                 row[f"{name}:sent_to_ensemble_end"] = (row["end_ns"] - m[-1][1]) / 1e3
             joined += 1
@@ -142,8 +149,7 @@ def marks_bands(marks: list[list], skip_batches: int = 0) -> dict:
     rows = []
     for m in marks:
         row = {"total_us": (m[-1][1] - m[0][1]) / 1e3}
-        for (_, t0), (stage, t1) in zip(m, m[1:]):
-            row[f"rose:{stage}"] = row.get(f"rose:{stage}", 0.0) + (t1 - t0) / 1e3
+        add_stage_durations(row, m, "rose")
         rows.append(row)
     return compare_bands(rows)
 
@@ -155,8 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("marks")
     ap.add_argument("--skip-batches", type=int, default=0)
     args = ap.parse_args(argv)
-    marks = [json.loads(line)["marks"] for line in Path(args.marks).read_text().splitlines() if line.strip()]
-    print(json.dumps(marks_bands(marks, args.skip_batches), indent=1))
+    print(json.dumps(marks_bands(read_marks_file(args.marks), args.skip_batches), indent=1))
     return 0
 
 

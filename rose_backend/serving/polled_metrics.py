@@ -57,11 +57,6 @@ class PolledMetrics:
                 log.exception("refreshing metrics failed")
             i = (i + 1) % len(self.metrics)
 
-    def refresh(self):
-        """Every metric now (one round trip per changed value)."""
-        for _, metric, read, is_counter in self.metrics:
-            self._refresh_one(metric, read, is_counter)
-
     def _refresh_one(self, metric, read, is_counter: bool) -> None:
         value = read(self.model)
         last = self.last[id(metric)]

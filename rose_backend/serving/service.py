@@ -74,7 +74,7 @@ class EmbeddingService:
         self._abort = False                                  # stop(): the drain time is up
         self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
         self._host_memory = HostMemoryTrimmer(host_memory_trim)
-        self._responders = Responders(max(0, response_threads), self._answer, clock=clock)
+        self._responders = Responders(response_threads, self._answer, clock=clock)
         self._thread = threading.Thread(target=self._loop, name="rose-scheduler", daemon=True)
         self._thread.start()
 

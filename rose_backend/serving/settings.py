@@ -15,6 +15,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.warmup import parse_precapture
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -147,9 +148,9 @@ class RoseSettings(_Settings):
         if self.inline_execute not in ("auto", "true", "false"):
             raise ValueError(f"model 'rose': parameter 'inline_execute' must be auto, true or false, "
                              f"got {self.inline_execute!r}")
-        if self.host_memory_trim not in ("idle", "periodic", "off"):
-            raise ValueError(f"model 'rose': parameter 'host_memory_trim' must be idle, periodic or off, "
-                             f"got {self.host_memory_trim!r}")
+        if self.host_memory_trim not in HostMemoryTrimmer.MODES:
+            raise ValueError(f"model 'rose': parameter 'host_memory_trim' must be one of "
+                             f"{', '.join(HostMemoryTrimmer.MODES)}, got {self.host_memory_trim!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"model 'rose': parameter 'cuda_graphs' must be auto, on or off, got {self.cuda_graphs!r}")
         if self.dtype and self.dtype not in DTYPES:
