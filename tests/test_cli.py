@@ -114,7 +114,7 @@ def test_parquet_without_pyarrow_is_refused_before_any_work(tmp_path):
     code = ("import sys; sys.modules['pyarrow'] = None; from rose_client.cli import main; "
             f"sys.exit(main([{str(src)!r}, {str(tmp_path / 'out.parquet')!r}, '--url', '127.0.0.1:1']))")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "needs pyarrow" in r.stderr and "rose-client[cli]" in r.stderr, r.stderr
+    assert r.returncode == 2 and "needs pyarrow" in r.stderr and 'pip install "pyarrow>=14,<22"' in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 
@@ -126,9 +126,38 @@ def test_failed_run_that_finished_no_block_leaves_no_partial(tmp_path, capsys):
     src.write_text("one\ntwo\n")
     url = f"127.0.0.1:{free_ports().grpc}"             # nothing listens there
     assert main([str(src), str(tmp_path / "out.npy"), "--url", url, "--timeout", "10", "--quiet"]) == 1
-    assert "run again" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Nothing was saved" in err and "is kept" not in err and "--resume" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
     # an input error after the partial folder was made leaves nothing either
     (tmp_path / "empty.txt").write_text("")
     assert main([str(tmp_path / "empty.txt"), str(tmp_path / "e.npy"), "--url", url]) == 2
     assert not (tmp_path / "e.npy.partial").exists()
+
+
+def test_ctrl_c_stops_promptly_and_keeps_every_finished_block(server, tmp_path):
+    """SIGINT (Ctrl-C) midway: rose-embed exits within seconds (it does not wait for the blocks in
+    flight), says how many rows are saved, and --resume then finishes with exactly the rest."""
+    n, block = 6000, 500                                # blocks of seconds each on the CPU
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts(n, seed=3)) + "\n")
+    out, partial = tmp_path / "out.npy", tmp_path / "out.npy.partial"
+    cmd = [sys.executable, "-m", "rose_client.cli", str(src), str(out), "--url", server.grpc_url, "--block", str(block),
+           "--concurrency", "4", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "client")}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(partial.glob("part-*.npy"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 130, err
+    assert took < 8, f"rose-embed took {took:.1f} s to stop after Ctrl-C"
+    saved = len(list(partial.glob("part-*.npy")))
+    assert saved >= 2 and f"{saved * block} of {n} rows are saved" in err, err
+    r = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"{n - saved * block} embedded in this run" in r.stderr
+    assert np.load(out).shape == (n, 384)

@@ -26,7 +26,8 @@ import shutil
 import sys
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,20 @@ from rose_client.inputs import INPUTS, CliError, blocks, count_rows, iter_texts
 from rose_client.tables import join_parquet, write_part
 
 OUTPUTS = (".npy", ".parquet")
+
+
+def in_background(fn, *args, **kwargs) -> Future:
+    """fn(*args, **kwargs) on a daemon thread: an interrupted run exits at once instead of waiting
+    (as a ThreadPoolExecutor's workers make the interpreter wait) for blocks whose rows it drops."""
+    fut: Future = Future()
+
+    def work():
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as e:          # noqa: BLE001 - handed to the waiting caller
+            fut.set_exception(e)
+    threading.Thread(target=work, name="rose-embed-block", daemon=True).start()
+    return fut
 
 
 def write_atomic(path: Path, data: bytes | np.ndarray) -> None:
@@ -145,8 +160,8 @@ def _require_pyarrow() -> None:
         import pyarrow  # noqa: F401
         import pyarrow.parquet  # noqa: F401
     except ImportError:
-        raise CliError("reading or writing .parquet needs pyarrow: pip install \"rose-client[cli]\" "
-                       "(or pip install \"pyarrow>=14,<22\")") from None
+        raise CliError("reading or writing .parquet needs pyarrow: pip install \"pyarrow>=14,<22\" "
+                       "(or pip install \"<rose checkout>/client[cli]\")") from None
 
 
 def _drop_if_empty(partial: Path, created: bool) -> None:
@@ -178,34 +193,36 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
                              token_budget=args.token_budget)
     bar = _progress(n, start, args.quiet)
     t0, embedded = time.monotonic(), 0
+    inflight: deque = deque()
+    k = done_blocks
+
+    def write_one(emb) -> None:
+        nonlocal k, embedded
+        if rich:
+            done = write_part(partial / f"part-{k:06d}.parquet", emb, k * args.block)
+        else:
+            write_atomic(partial / f"part-{k:06d}.npy", emb.astype(np.float32, copy=False))
+            done = len(emb)
+        k += 1
+        embedded += done
+        bar.update(done)
+
     try:
-        with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-            inflight: deque = deque()
-            k = done_blocks
-
-            def drain_one():
-                nonlocal k, embedded
-                emb = inflight.popleft().result()
-                if rich:
-                    done = write_part(partial / f"part-{k:06d}.parquet", emb, k * args.block)
-                else:
-                    write_atomic(partial / f"part-{k:06d}.npy", emb.astype(np.float32, copy=False))
-                    done = len(emb)
-                k += 1
-                embedded += done
-                bar.update(done)
-
-            for block in blocks(iter_texts(src, args.field, start), args.block):
-                if rich:
-                    inflight.append(pool.submit(client.encode, block, dense=not args.dense_off, sparse=args.sparse,
-                                                colbert=args.colbert, dimensions=args.dimensions, task=args.task))
-                else:
-                    inflight.append(pool.submit(client.embed, block, args.task, dimensions=args.dimensions))
-                if len(inflight) >= args.concurrency:
-                    drain_one()
-            while inflight:
-                drain_one()
+        for block in blocks(iter_texts(src, args.field, start), args.block):
+            if rich:
+                inflight.append(in_background(client.encode, block, dense=not args.dense_off, sparse=args.sparse,
+                                            colbert=args.colbert, dimensions=args.dimensions, task=args.task))
+            else:
+                inflight.append(in_background(client.embed, block, args.task, dimensions=args.dimensions))
+            if len(inflight) >= args.concurrency:
+                write_one(inflight.popleft().result())
+        while inflight:
+            write_one(inflight.popleft().result())
     except KeyboardInterrupt:
+        # keep every block already finished (in order: --resume counts parts from the first), drop the
+        # rest without waiting for it: the client is closed, which ends its streams
+        while inflight and inflight[0].done() and inflight[0].exception() is None:
+            write_one(inflight.popleft().result())
         bar.close()
         if embedded + start:
             print(f"\nrose-embed: interrupted; {embedded + start} of {n} rows are saved in {partial}. "
@@ -213,6 +230,10 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
         else:
             print("\nrose-embed: interrupted before any block was finished; nothing was saved.", file=sys.stderr)
         return 130
+    except BaseException as e:
+        if embedded + start and not isinstance(e, CliError):
+            e.rows_saved = embedded + start          # main() says what is kept
+        raise
     finally:
         client.close()
     bar.close()
@@ -282,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rose-embed: {e}", file=sys.stderr)
         return 2
     except (ConnectionError, TimeoutError, RuntimeError) as e:
-        print(f"rose-embed: {type(e).__name__}: {e}\nWhat was finished is kept; run again with --resume.",
-              file=sys.stderr)
+        saved = getattr(e, "rows_saved", 0)
+        print(f"rose-embed: {type(e).__name__}: {e}\n" + (
+            f"{saved} rows are saved in {args.output}.partial; run again with --resume to continue."
+            if saved else "Nothing was saved."), file=sys.stderr)
         return 1
 
 
