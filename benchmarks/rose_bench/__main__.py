@@ -12,7 +12,7 @@ SUBCOMMANDS = {
     "e2e": "e2e", "multi-gpu": "multi_gpu", "engine": "engine_bench", "qwen3": "qwen3_bench",
     "attention-sweep": "attention_sweep", "merge": "merge", "render-readme": "render_readme",
     "charts": "charts", "perf-inputs": "perf", "forward-profile": "forward_profile",
-    "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail",
+    "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail", "tokenizers": "tokenizers_bench",
 }
 
 
