@@ -1,14 +1,14 @@
-"""The FCFS batch former, without a server or a model."""
+"""The FCFS batch former within one lane, without a server or a model (two lanes: test_scheduler_lanes.py)."""
 import numpy as np
 import pytest
 
 from rose_backend.serving.scheduler import Request, Scheduler
 
 
-def req(*lens, tag=0):
+def req(*lens, tag=0, lane=None):
     lens = np.array(lens, dtype=np.int32)
     fill = tag if isinstance(tag, int) else 0
-    return Request(np.full(int(lens.sum()), fill, dtype=np.int32), lens, handle=tag)
+    return Request(np.full(int(lens.sum()), fill, dtype=np.int32), lens, handle=tag, lane=lane)
 
 
 def drain(s):
@@ -57,14 +57,14 @@ def test_request_split_across_batches_keeps_order_and_rows():
 
 def test_short_request_arriving_first_is_never_behind_a_long_one():
     s = Scheduler(max_batch_tokens=512, max_batch_seqs=64)
-    short, long_ = req(9, tag="q"), req(*([512] * 20), tag="bulk")
+    short, long_ = req(9, tag="q"), req(*([512] * 20), tag="long", lane="interactive")
     s.add(short)
     s.add(long_)
     first = s.next_batch()
     assert first.pieces[0].request is short
     assert first.num_tokens == 9          # the long request does not ride along past the budget
     # FCFS: a request that arrives later is served after everything queued before it, never before.
-    late = req(7, tag="late")
+    late = req(7, tag="late", lane="interactive")
     s.add(late)
     rest = drain(s)
     assert rest[-1].pieces[-1].request is late

@@ -1,14 +1,18 @@
-"""The request pool and the first-come-first-served batch former (Tulip's scheduler).
+"""The request pool and the first-come-first-served batch former (Tulip's scheduler), in two lanes.
 
-Requests accumulate while the engine is busy. `next_batch()` takes sequences off the front of the
-pool, oldest request first and in each request's own order, until the token budget or the sequence
-cap is reached. A request's sequences may be split across batches; a single sequence longer than
-the budget goes out alone. No sorting and no priorities: a short request that arrives first is
-never held behind a long one (latency is proportional to tokens, so packing buys nothing).
+Requests accumulate while the engine is busy, each in its lane (lanes.py): interactive or bulk.
+`next_batch()` takes sequences off the front of the interactive lane first, then of the bulk lane,
+oldest request first and in each request's own order, until the token budget or the sequence cap
+is reached. Within a lane nothing is sorted: a short request that arrives first is never held
+behind a long one (latency is proportional to tokens, so packing buys nothing). While interactive
+work waits beyond one batch, bulk keeps `bulk_min_share` of the batch (never starved); the caller
+may cap the bulk tokens of a batch (`bulk_tokens`: the service's LanePolicy). A request's sequences
+may be split across batches; a single sequence longer than the budget goes out alone.
 Not thread-safe by itself: the service holds a lock around it.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rose_backend.engine.batch import PackedBatch
+from rose_backend.serving.lanes import BULK, INTERACTIVE, LANES, LaneStats
 
 
 @dataclass(slots=True, eq=False)
@@ -30,6 +35,7 @@ class Request:
     token_outputs: frozenset = frozenset()       # token-level outputs asked for ("sparse", "colbert")
     options: Any = None                          # opaque to the pool (the serving layer's output options)
     token_type_ids: np.ndarray | None = None     # [T] int32 segment ids (BERT cross-encoders), or None
+    lane: str | None = None                      # interactive | bulk; None: the scheduler decides by size
     offsets: np.ndarray = field(init=False)      # [S + 1] start of each sequence in input_ids
     next_seq: int = field(init=False, default=0)     # first sequence not yet scheduled
     remaining: int = field(init=False)               # sequences not yet computed
@@ -87,6 +93,9 @@ class ScheduledBatch:
     def requests(self) -> list[Request]:
         return [p.request for p in self.pieces]
 
+    def lanes(self) -> set[str]:
+        return {p.request.lane for p in self.pieces}
+
     @classmethod
     def of(cls, pieces: list[Piece]) -> "ScheduledBatch":
         """A batch of `pieces` in this order, rows renumbered from 0."""
@@ -133,22 +142,45 @@ def _types(r: Request) -> np.ndarray:
 
 
 class Scheduler:
-    def __init__(self, max_batch_tokens: int, max_batch_seqs: int, cancel_check_after: float = 0.05):
+    def __init__(self, max_batch_tokens: int, max_batch_seqs: int, cancel_check_after: float = 0.05,
+                 bulk_threshold_tokens: int = 8192, bulk_min_share: float = 0.25):
         if max_batch_tokens <= 0 or max_batch_seqs <= 0:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) and max_batch_seqs "
                              f"({max_batch_seqs}) must be positive")
+        if not 0.0 <= bulk_min_share <= 1.0:
+            raise ValueError(f"bulk_min_share must be between 0 and 1, got {bulk_min_share}")
         self.max_batch_tokens, self.max_batch_seqs = max_batch_tokens, max_batch_seqs
-        self.pool: deque[Request] = deque()
+        self.bulk_threshold_tokens, self.bulk_min_share = bulk_threshold_tokens, bulk_min_share
+        self.lanes: dict[str, deque[Request]] = {lane: deque() for lane in LANES}
         self.queued_tokens = 0                    # tokens admitted but not yet scheduled
+        self.lane_tokens = {lane: 0 for lane in LANES}    # the same, per lane
+        self.lane_seqs = {lane: 0 for lane in LANES}      # sequences admitted but not yet scheduled
         self.cancel_check_after = cancel_check_after   # seconds in the pool before is_cancelled is asked
         self.cancelled: list[Request] = []
+        self.stats = LaneStats()
+
+    def classify(self, request: Request) -> str:
+        """The request's lane: its own, else bulk when it carries more than bulk_threshold_tokens."""
+        if request.lane is None:
+            request.lane = BULK if request.num_tokens > self.bulk_threshold_tokens else INTERACTIVE
+        return request.lane
 
     def add(self, request: Request) -> None:
-        self.pool.append(request)
-        self.queued_tokens += request.num_tokens
+        lane = self.classify(request)
+        self.lanes[lane].append(request)
+        self._count(lane, request.num_tokens, request.num_seqs)
 
-    def has_work(self) -> bool:
-        return bool(self.pool)
+    def _count(self, lane: str, tokens: int, seqs: int) -> None:
+        self.queued_tokens += tokens
+        self.lane_tokens[lane] += tokens
+        self.lane_seqs[lane] += seqs
+
+    def has_work(self, lane: str | None = None) -> bool:
+        return bool(self.lanes[lane]) if lane else any(self.lanes.values())
+
+    def waiting(self) -> list[Request]:
+        """Every request still in the pool, interactive first."""
+        return [r for lane in LANES for r in self.lanes[lane]]
 
     def take_cancelled(self) -> list[Request]:
         """Requests that next_batch() found cancelled and removed since the last call."""
@@ -156,16 +188,43 @@ class Scheduler:
         return gone
 
     def remove(self, req: Request) -> None:
-        if req in self.pool:
-            self.pool.remove(req)
-            self.queued_tokens -= int(req.offsets[-1] - req.offsets[req.next_seq])
+        pool = self.lanes.get(req.lane)
+        if pool is not None and req in pool:
+            pool.remove(req)
+            self._count(req.lane, -int(req.offsets[-1] - req.offsets[req.next_seq]), req.next_seq - req.num_seqs)
 
-    def next_batch(self) -> ScheduledBatch | None:
+    def next_batch(self, bulk_tokens: int | None = None) -> ScheduledBatch | None:
+        """The next batch: interactive sequences first, then bulk ones, at most `bulk_tokens` of
+        them (None: up to the budget; 0: none) unless interactive work waits beyond this batch, when
+        bulk keeps its share (bulk_min_share of the tokens and sequences, at least one sequence)."""
+        inter, bulk = self.lanes[INTERACTIVE], self.lanes[BULK]
+        tokens_for_inter, seqs_for_inter = self.max_batch_tokens, self.max_batch_seqs
+        bulk_room = self.max_batch_tokens if bulk_tokens is None else bulk_tokens
+        if inter and bulk:
+            head = bulk[0]
+            share_tokens = min(max(int(self.bulk_min_share * self.max_batch_tokens),
+                                   int(head.seq_lens[head.next_seq])), self.max_batch_tokens)
+            share_seqs = max(1, math.ceil(self.bulk_min_share * self.max_batch_seqs)) if self.bulk_min_share else 0
+            if share_tokens and share_seqs and (self.lane_tokens[INTERACTIVE] > self.max_batch_tokens - share_tokens or
+                                                self.lane_seqs[INTERACTIVE] > self.max_batch_seqs - share_seqs):
+                tokens_for_inter = self.max_batch_tokens - share_tokens     # interactive waits beyond this batch
+                seqs_for_inter = self.max_batch_seqs - share_seqs
+                bulk_room = max(bulk_room, share_tokens)
         pieces: list[Piece] = []
-        tokens = seqs = 0
         now = time.monotonic()
-        while self.pool and seqs < self.max_batch_seqs:
-            req = self.pool[0]
+        tokens, seqs = self._take(INTERACTIVE, pieces, 0, 0, tokens_for_inter, seqs_for_inter, now)
+        if bulk_room > 0:
+            self._take(BULK, pieces, tokens, seqs, min(self.max_batch_tokens, tokens + bulk_room),
+                       self.max_batch_seqs, now)
+        return ScheduledBatch.of(pieces) if pieces else None
+
+    def _take(self, lane: str, pieces: list[Piece], tokens: int, seqs: int, token_cap: int, seq_cap: int,
+              now: float) -> tuple[int, int]:
+        """Append pieces of `lane`'s requests, in order, while the batch stays within token_cap
+        tokens and seq_cap sequences (the first sequence of an empty batch goes whatever its length)."""
+        pool = self.lanes[lane]
+        while pool and seqs < seq_cap:
+            req = pool[0]
             # Asking whether a caller has gone costs a round trip to the server, so only
             # requests that have waited a while are asked; fresh ones are simply computed.
             if now - req.admitted_at > self.cancel_check_after and req.cancelled():
@@ -173,18 +232,22 @@ class Scheduler:
                 self.cancelled.append(req)
                 continue
             first = i = req.next_seq
-            while i < req.num_seqs and seqs < self.max_batch_seqs:
+            taken = 0
+            while i < req.num_seqs and seqs < seq_cap:
                 n = int(req.seq_lens[i])
-                if seqs and tokens + n > self.max_batch_tokens:
+                if seqs and tokens + n > token_cap:
                     break                         # this sequence waits for the next batch
                 tokens += n
+                taken += n
                 seqs += 1
                 i += 1
             if i > first:
-                pieces.append(Piece(req, first, i, seqs - (i - first)))
+                if first == 0:
+                    self.stats.waited(lane, now - req.admitted_at)
+                pieces.append(Piece(req, first, i, 0))
                 req.next_seq = i
-                self.queued_tokens -= int(req.offsets[i] - req.offsets[first])
+                self._count(lane, -taken, first - i)
             if req.next_seq < req.num_seqs:
                 break                             # the batch is full; the rest of req goes next
-            self.pool.popleft()
-        return ScheduledBatch(pieces, tokens, seqs) if pieces else None
+            pool.popleft()
+        return tokens, seqs

@@ -9,7 +9,10 @@
     (request.output filled) or it failed (request.error set).
 
 Up to `max_inflight` batches are in flight, and a batch formed is launched before finished ones
-are collected and answered, so the device never waits for the host between batches. A finished
+are collected and answered, so the device never waits for the host between batches. Two lanes
+(lanes.py): each batch takes interactive sequences first, and while interactive traffic is recent
+the LanePolicy caps the bulk tokens of a batch and the bulk batches in flight; with bulk held back
+the loop thread waits for the oldest batch or a new request, whichever comes first. A finished
 batch's requests are answered by `response_threads` responder threads side by side (responders.py)
 while the loop thread goes on; the loop thread answers itself a lone request on an idle service
 (no hand-over on the latency path) and requests with token-level outputs (their rows may be views
@@ -37,7 +40,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rose_backend.serving.memory import HostMemoryTrimmer, free_device_cache
+from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy
+from rose_backend.serving.memory import HostMemoryTrimmer
+from rose_backend.serving.oom_retry import retry_in_halves
 from rose_backend.serving.parent_watch import drop_triton_objects
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, is_out_of_memory
 from rose_backend.serving.responders import Responders
@@ -53,8 +58,9 @@ class EmbeddingService:
                  max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens,
                  inline: bool = True, clock=None, on_piece: Callable | None = None,
                  response_threads: int = RoseSettings.response_threads,
-                 host_memory_trim: str = RoseSettings.host_memory_trim):
-        """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); inline: run a
+                 host_memory_trim: str = RoseSettings.host_memory_trim, lane_settings: RoseSettings = RoseSettings()):
+        """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); lane_settings: the
+        settings whose bulk_* and interactive_recent_ms parameters steer the lanes; inline: run a
         lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock;
         on_piece(request, first seq, last seq, {name: rows}): takes a piece's sparse / ColBERT rows as
         its batch is collected (views of reused buffers: valid in the call and the on_complete it leads to);
@@ -65,7 +71,10 @@ class EmbeddingService:
         self.inline = inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
-        self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs)
+        self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs, bulk_threshold_tokens=lane_settings.bulk_threshold_tokens,
+                                   bulk_min_share=lane_settings.bulk_min_share)
+        self.lanes = LanePolicy(lane_settings.bulk_batch_tokens, lane_settings.bulk_max_inflight,
+                                lane_settings.interactive_recent_ms / 1e3)
         self.max_inflight = max(1, max_inflight)
         self.max_queued_tokens = max_queued_tokens          # 0: unbounded
         self.stats = ServiceStats()
@@ -91,6 +100,7 @@ class EmbeddingService:
                 raise Overloaded(f"overloaded: {self.scheduler.queued_tokens} tokens already queued "
                                  f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
             self.stats.requests += 1
+            self.lanes.seen(self.scheduler.classify(request), time.monotonic())
             inline = (self.inline and not self._busy and not self._inflight and not self.scheduler.has_work()
                       and request.num_tokens <= self.scheduler.max_batch_tokens
                       and request.num_seqs <= self.scheduler.max_batch_seqs)
@@ -146,9 +156,13 @@ class EmbeddingService:
                 if self._abort:
                     self._abort_all()
                     return
+                held = False                      # bulk held back by the LanePolicy
                 if len(self._inflight) < self.max_inflight and not self._busy:
-                    batch = self.scheduler.next_batch()
+                    batch = self.scheduler.next_batch(self._bulk_room())
                     self._busy = batch is not None     # no inline step until this one is launched
+                    held = batch is None and bool(self._inflight) and self.scheduler.has_work(BULK)
+                    if held:                      # an interactive request may come before the oldest is done
+                        self._wait_oldest_or_interactive()
                 gone = self.scheduler.take_cancelled()
             try:
                 for r in gone:
@@ -161,7 +175,7 @@ class EmbeddingService:
                             self._busy = False
                     self._collect(block=False)
                 elif self._inflight:
-                    self._collect(block=True)
+                    self._collect(block=not held)
             except Exception:  # never let the loop die: that would strand every request
                 log.exception("scheduler loop error")
             del batch, gone                   # hold no finished request while waiting (see _release)
@@ -169,7 +183,7 @@ class EmbeddingService:
 
     def _abort_all(self) -> None:
         """Called with the lock held when stop()'s time is up: answer everything still waiting."""
-        left = list(self.scheduler.pool) + self.scheduler.take_cancelled()
+        left = self.scheduler.waiting() + self.scheduler.take_cancelled()
         for r in left:
             self.scheduler.remove(r)
         self._cond.release()
@@ -186,11 +200,26 @@ class EmbeddingService:
         finally:
             self._cond.acquire()
 
+    def _bulk_room(self) -> int | None:
+        """Bulk tokens the next batch may take (LanePolicy); called with the lock held."""
+        if self._stopping:
+            return None                           # draining: no batch is held back
+        bulk_in_flight = sum(1 for b, _ in self._inflight if BULK in b.lanes())
+        return self.lanes.bulk_room(time.monotonic(), self.scheduler.has_work(INTERACTIVE), bulk_in_flight)
+
+    def _wait_oldest_or_interactive(self, poll_s: float = 0.0002) -> None:
+        """With the lock held: wait until the oldest batch in flight is done, an interactive request
+        is admitted (submit() notifies) or the service stops; the oldest batch is polled."""
+        oldest = self._inflight[0][1]
+        while not (oldest.ready() or self.scheduler.has_work(INTERACTIVE) or self._stopping):
+            self._cond.wait(poll_s)
+
     def _run_inline(self, r: Request) -> None:
         """Launch one whole request now, from the calling thread (the service is idle and owns no
         batch); the loop thread collects and answers it, so the caller (Triton's execute) returns at
         once and requests arriving meanwhile queue in the pool and batch as usual."""
         r.next_seq = r.num_seqs
+        self.scheduler.stats.waited(r.lane, time.monotonic() - r.admitted_at)
         self._launch(ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs))
 
     def _mark(self, batch: ScheduledBatch, stage: str | None = None) -> None:
@@ -210,7 +239,7 @@ class EmbeddingService:
             handle = self.engine.step(batch.pack())
         except Exception as e:
             if is_out_of_memory(e):
-                self._split_and_retry(batch, e)
+                retry_in_halves(self, batch, e)
                 return
             log.exception("forward pass failed for a batch of %d sequences / %d tokens",
                           batch.num_seqs, batch.num_tokens)
@@ -220,41 +249,9 @@ class EmbeddingService:
         with self._cond:
             self.stats.batches += 1
             self.stats.batch_tokens += batch.num_tokens
+            for lane in batch.lanes():
+                self.scheduler.stats.batches[lane] += 1
             self._inflight.append((batch, handle))      # after an inline launch, the loop thread wakes now
-
-    def _split_and_retry(self, batch: ScheduledBatch, error: BaseException) -> None:
-        """The forward pass of `batch` ran out of memory. Collect the batches in flight (their
-        memory comes back), then run the batch in halves, each half split again while it still
-        does not fit, synchronously (a slow path); a single sequence that does not fit fails."""
-        self.stats.oom_splits += 1
-        log.warning("out of memory on a batch of %d sequences / %d tokens (%s); splitting it and retrying",
-                    batch.num_seqs, batch.num_tokens, error)
-        while self._inflight:
-            self._collect(block=True)
-        todo = [batch]                        # a stack: halves are pushed second-first, so order holds
-        while todo:
-            b = todo.pop().live()
-            if b is None:
-                continue
-            free_device_cache()
-            try:
-                handle = self.engine.step(b.pack())
-                emb = handle.synchronize()                           # [S, D] float32
-            except Exception as e:
-                if is_out_of_memory(e) and b.num_seqs > 1:
-                    first, second = b.split()
-                    todo += [second, first]
-                    continue
-                log.error("forward pass failed for %d sequences / %d tokens: %s", b.num_seqs, b.num_tokens, e)
-                if is_out_of_memory(e):
-                    self._fail(b, f"out of memory embedding a single sequence of {b.num_tokens} tokens "
-                                  f"({type(e).__name__}); send it shorter")
-                else:
-                    self._fail(b, f"the forward pass failed: {type(e).__name__}: {e}")
-                continue
-            self.stats.batches += 1
-            self.stats.batch_tokens += b.num_tokens
-            self._deliver(b, emb, getattr(handle, "extras", None))
 
     def _collect(self, block: bool) -> None:
         while self._inflight and (block or self._inflight[0][1].ready()):

@@ -61,6 +61,11 @@ class _Settings:
                 return int(raw)
             except ValueError:
                 raise ValueError(f"model {cls.MODEL!r}: parameter {name!r} must be an integer, got {raw!r}") from None
+        if isinstance(default, float):
+            try:
+                return float(raw)
+            except ValueError:
+                raise ValueError(f"model {cls.MODEL!r}: parameter {name!r} must be a number, got {raw!r}") from None
         return raw
 
     def _check(self) -> None:
@@ -115,11 +120,24 @@ class RoseSettings(_Settings):
                          contending, so auto leaves it off there)
     quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
                          uint8 (default "": quantization_ranges.npy / .json in the model folder, if any)
+    bulk_threshold_tokens  a request that names no `lane` (request parameter: interactive | bulk) is
+                         bulk when it carries more than this many tokens, else interactive
+                         (default 8192; serving/lanes.py)
+    bulk_min_share       share of a batch's tokens and sequences that bulk keeps while interactive
+                         work waits beyond the batch, so bulk is never starved, 0..1 (default 0.25)
+    bulk_batch_tokens    bulk tokens in one batch while interactive traffic is recent: what a query
+                         waits behind (default 6144)
+    bulk_max_inflight    batches holding bulk in flight while interactive traffic is recent; below
+                         max_inflight, the other slots are kept for interactive batches (default 2)
+    interactive_recent_ms  interactive traffic counts as recent for this long after the last
+                         interactive request; with none for that long, bulk batches fill the whole
+                         budget (default 1000)
     """
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "response_threads": 0,
                "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
-               "gpu_memory_headroom_mb": 0}
+               "gpu_memory_headroom_mb": 0, "bulk_threshold_tokens": 0, "bulk_batch_tokens": 1,
+               "bulk_max_inflight": 1, "interactive_recent_ms": 0}
 
     model_dir: str = ""
     model_kind: str = ""
@@ -140,9 +158,16 @@ class RoseSettings(_Settings):
     cuda_graphs: str = "auto"
     gpu_memory_headroom_mb: int = 0
     quantization_ranges: str = ""
+    bulk_threshold_tokens: int = 8192
+    bulk_min_share: float = 0.25
+    bulk_batch_tokens: int = 6144
+    bulk_max_inflight: int = 2
+    interactive_recent_ms: int = 1000
 
     def __post_init__(self):
         self._check()
+        if not 0.0 <= self.bulk_min_share <= 1.0:
+            raise ValueError(f"model 'rose': parameter 'bulk_min_share' must be between 0 and 1, got {self.bulk_min_share}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"model 'rose': parameter 'device' must be auto, cpu or cuda, got {self.device!r}")
         if self.inline_execute not in ("auto", "true", "false"):
