@@ -3,8 +3,8 @@
     python -m rose_bench merge [--replace] OUT.json RUN_A.json RUN_B.json ...
 
 A later file's system replaces an earlier one's where the earlier one failed or is missing (used when
-one device call measured `rose` and a later call, with a fix, measured `naive`). Where both passed,
-a later file's cells fill the earlier one's missing, skipped or failed cells (a later call that ran
+one run measured `rose` and a later run, with a fix, measured `naive`). Where both passed,
+a later file's cells fill the earlier one's missing, skipped or failed cells (a later run that ran
 only the workloads an earlier one did not reach); with --replace, a later file's measured cells replace
 the earlier ones too (cells measured again after a change). The merged file keeps every run's command,
 date and git commit under "runs", and which run each replaced cell came from under "replaced".

@@ -3,7 +3,7 @@
     python -m rose_bench render-readme            # rewrites the lines between the markers
     python -m rose_bench render-readme --print    # prints the section instead
 
-Reads benchmarks/results/bench_<model>.json (written by `python -m rose_bench e2e`), renders one
+Reads benchmarks/results/e2e/<model>-<gpu>.json (written by `python -m rose_bench e2e`), renders one
 table per model (this project, the naive Triton baseline, the published vLLM / Tulip numbers, the
 goal, and whether the goal is met) and links the charts beside the JSON. Only the text between
 `<!-- performance:begin -->` and `<!-- performance:end -->` changes.
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "e2e"
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 MODEL_ORDER = ("bge-m3", "pplx-embed")
 WORKLOADS = (("online", "online, 1 x {x}"), ("scoring", "scoring, {x} x 512"),
@@ -109,16 +109,18 @@ def describe(result: dict) -> str:
                          else ")")
                         if v.get("text_skipped") else ""))
     if len(result.get("runs") or []) > 1:
-        gates.append(f"systems measured in {len(result['runs'])} device calls, merged with "
-                     "`python -m rose_bench merge`; raw files in benchmarks/results/h200-raw")
+        gates.append(f"merged from {len(result['runs'])} runs with `python -m rose_bench merge` "
+                     "(each run's command, commit and date are under `runs` in the JSON)")
     commits = list(dict.fromkeys((r.get("git") or {}).get("commit") or "?" for r in result.get("runs") or [result]))
-    return (f"{host.get('gpu') or 'CPU'}, {result.get('mode')} mode, {result.get('date', '')[:10]}, "
+    dates = sorted((r.get("date") or "")[:10] for r in result.get("runs") or [result])
+    when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return (f"{host.get('gpu') or 'CPU'}, {result.get('mode')} mode, {when}, "
             f"commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c[:10]}`' for c in commits)}, torch {host.get('torch', '?')}, transformers {host.get('transformers', '?')}. "
             + "; ".join(gates) + ".")
 
 
-def section(results_dir: Path = RESULTS, link_prefix: str = "benchmarks/results/") -> str:
-    files = {p.stem.removeprefix("bench_"): p for p in sorted(results_dir.glob("bench_*.json"))}
+def section(results_dir: Path = RESULTS, link_prefix: str = "benchmarks/results/e2e/") -> str:
+    files = {json.loads(p.read_text()).get("model", p.stem): p for p in sorted(results_dir.glob("*.json"))}
     order = [m for m in MODEL_ORDER if m in files] + [m for m in files if m not in MODEL_ORDER]
     out = ["## Performance", "",
            "One H200, bf16, random weights at the real shapes, pre-tokenized requests over gRPC streaming "
@@ -131,8 +133,9 @@ def section(results_dir: Path = RESULTS, link_prefix: str = "benchmarks/results/
            "ms as p50 (p99); throughput in embeddings/s. Before timing, each server passes a gate "
            "(stated per model below): embeddings within 1 - cos <= 1e-3 of a float32 Hugging Face reference "
            "of the same weights.", "",
-           "Reproduce: `python -m rose_bench e2e --model bge-m3 --quick` (and `--model pplx-embed`), then "
-           "`python -m rose_bench render-readme`. Analysis: [benchmarks/RESULTS.md](benchmarks/RESULTS.md).", ""]
+           "Reproduce: `python -m rose_bench e2e --model bge-m3 --quick --out OUT` (and `--model pplx-embed`), "
+           "`python -m rose_bench merge --replace benchmarks/results/e2e/bge-m3-h200.json OUT/bench_bge-m3.json`, then "
+           "`python -m rose_bench render-readme`. Analysis: [benchmarks/RESULTS-e2e.md](benchmarks/RESULTS-e2e.md).", ""]
     if not order:
         out.append("_No committed results yet._")
     for m in order:
