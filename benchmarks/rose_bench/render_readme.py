@@ -134,7 +134,7 @@ def section(results_dir: Path = RESULTS, link_prefix: str = "benchmarks/results/
            "(stated per model below): embeddings within 1 - cos <= 1e-3 of a float32 Hugging Face reference "
            "of the same weights.", "",
            "Reproduce: `python -m rose_bench e2e --model bge-m3 --quick --out OUT` (and `--model pplx-embed`), "
-           "`python -m rose_bench merge --replace benchmarks/results/e2e/bge-m3-h200.json OUT/bench_bge-m3.json`, then "
+           "`python -m rose_bench merge --replace R R OUT/bench_bge-m3.json` with R = benchmarks/results/e2e/bge-m3-h200.json, then "
            "`python -m rose_bench render-readme`. Analysis: [benchmarks/RESULTS-e2e.md](benchmarks/RESULTS-e2e.md).", ""]
     if not order:
         out.append("_No committed results yet._")
