@@ -13,15 +13,22 @@ time, spread over the period (one every period / N seconds), never all in one bu
 a burst of ten round trips once a second stalled the scheduler thread for a whole batch.
 
     metrics = PolledMetrics(args, model, {"name_total": ("what it counts", lambda m: m.stats.x)},
-                            gauges={"name": ("what it measures", lambda m: m.queued)})
+                            gauges={"name": ("what it measures", lambda m: m.queued)},
+                            labelled=[Series("name_total", "counter", "what it counts", {"lane": "bulk"}, read)])
     metrics.stop()          # in finalize()
+
+A labelled series carries labels beside the model's own (model, version); the series of one name
+form one family and must agree on its kind and description. A histogram is served as Prometheus
+lays one out, from counters: NAME_bucket{le="..."} (cumulative), NAME_sum and NAME_count
+(histogram_series), so that histogram_quantile() works and the request path only adds to numbers.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import triton_python_backend_utils as pb_utils
 
@@ -30,16 +37,45 @@ log = logging.getLogger(__name__)
 Table = dict[str, tuple[str, Callable[[object], float]]]   # metric name -> (description, read(model))
 
 
+class Series(NamedTuple):
+    """One labelled series: kind "counter" or "gauge"; read(model) -> its value."""
+    name: str
+    kind: str
+    description: str
+    labels: dict
+    read: Callable[[object], float]
+
+
+def histogram_series(name: str, description: str, labels: dict, bounds: Iterable[float],
+                     at_most: Callable[[object, float], int], total: Callable[[object], float],
+                     count: Callable[[object], int]) -> list[Series]:
+    """A histogram as counters: NAME_bucket per bound (at_most(model, bound): observations <= bound;
+    a last +Inf bucket, at_most(model, inf)), NAME_sum (total) and NAME_count (count)."""
+    out = [Series(f"{name}_bucket", "counter", description, {**labels, "le": repr(float(b))},
+                  lambda m, b=float(b): at_most(m, b)) for b in bounds]
+    out.append(Series(f"{name}_bucket", "counter", description, {**labels, "le": "+Inf"},
+                      lambda m: at_most(m, float("inf"))))
+    out.append(Series(f"{name}_sum", "counter", description, labels, total))
+    out.append(Series(f"{name}_count", "counter", description, labels, count))
+    return out
+
+
 class PolledMetrics:
-    def __init__(self, args: dict, model, counters: Table, gauges: Table | None = None, period_s: float = 1.0):
+    def __init__(self, args: dict, model, counters: Table, gauges: Table | None = None, period_s: float = 1.0,
+                 labelled: Iterable[Series] = ()):
         labels = {"model": args["model_name"], "version": str(args.get("model_version", "1"))}
         self.model, self.period_s = model, period_s
+        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
+        series = [Series(n, "counter", d, {}, r) for n, (d, r) in counters.items()]
+        series += [Series(n, "gauge", d, {}, r) for n, (d, r) in (gauges or {}).items()]
+        families: dict[str, object] = {}
         self.metrics = []
-        for table, kind, is_counter in ((counters, pb_utils.MetricFamily.COUNTER, True),
-                                        (gauges or {}, pb_utils.MetricFamily.GAUGE, False)):
-            for name, (desc, read) in table.items():
-                fam = pb_utils.MetricFamily(name=name, description=desc, kind=kind)
-                self.metrics.append((fam, fam.Metric(labels=labels), read, is_counter))
+        for s in [*series, *labelled]:
+            fam = families.get(s.name)
+            if fam is None:
+                fam = families[s.name] = pb_utils.MetricFamily(name=s.name, description=s.description,
+                                                               kind=kinds[s.kind])
+            self.metrics.append((fam, fam.Metric(labels={**labels, **s.labels}), s.read, s.kind == "counter"))
         self.last = {id(m): 0 for _, m, _, _ in self.metrics}
         self._parent = os.getppid()
         self._stop = threading.Event()

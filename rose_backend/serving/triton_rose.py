@@ -27,6 +27,8 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
+from rose_backend.serving.lane_metrics import lane_series
+from rose_backend.serving.lanes import lane_of_parameters
 from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.outputs import (OutputOptions, build_outputs, collect_piece, load_ranges, parse_options,
                                           special_token_ids)
@@ -85,10 +87,10 @@ class RoseModel:
                 self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
                 max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
                 inline=inline == "true", clock=self.clock, on_piece=on_piece,
-                response_threads=s.response_threads, host_memory_trim=s.host_memory_trim)
+                response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
-        self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES)
+        self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=lane_series())
         log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
         gc.collect()
@@ -118,7 +120,8 @@ class RoseModel:
                 token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
                                                    self.limits)
                 opts = None if self.output_name == "SCORES" else self._options(request, inputs)
-                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled,
+                lane = lane_of_parameters(request.parameters())      # interactive | bulk | None: by size
+                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
                             token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
                             token_type_ids=token_types)
                 if clock is not None:
