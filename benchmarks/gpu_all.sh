@@ -1,7 +1,9 @@
 #!/bin/bash
-# One device call: attention sweep (writes the engine's table), GPU test suite, engine benchmark.
-#   run(command="source .gpu/enter.sh && bash benchmarks/gpu_all.sh", carry=[".gpu"])
-# Logs and JSON under $OUT. MiniLM's real weights travel separately (see RESULTS-engine.md).
+# On a GPU host (see benchmarks/gpu/README.md), from the repository root: attention sweep (its JSON
+# is what rose_backend/engine/attention_table.json is made from), the engine GPU tests, engine benchmark.
+#   bash benchmarks/gpu_all.sh          # SKIP_SWEEP=1, SWEEP_ARGS, TESTS, BENCH_ARGS and *_S limits: see below
+# Logs and JSON under $OUT. The MiniLM real-weights test needs ROSE_GPU_MINILM_DIR (skipped here).
+[ -f .gpu/enter.sh ] && source .gpu/enter.sh
 set -o pipefail
 export PYTHONPATH=.:benchmarks:$PYTHONPATH PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Triton 2.51's Python backend (the nvidia-pytriton 0.7.0 build in the GPU kit) is compiled with
 # pybind11 2.10, which misreads numpy 2 arrays (every element reads as the first; outputs come back
-# empty: python_backend#384). The H200 image has numpy 2.x, so the stub needs a numpy 1.26 of its
-# own. This packs one (cp312, tests stripped, ~8 MB) into the kit:  bash benchmarks/gpu/add_stub_numpy.sh [.gpu]
-# On the device:  mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site \
+# empty: python_backend#384). Where the GPU host's Python has numpy 2.x, the stub needs a numpy 1.26 of
+# its own. This packs one (cp312, tests stripped, ~8 MB) into the kit:  bash benchmarks/gpu/add_stub_numpy.sh [.gpu]
+# (benchmarks/gpu/enter_bench.sh unpacks it). By hand, on the GPU host:  mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site \
 #                 && export ROSE_STUB_SITE=/tmp/stub-site      # the launcher then gives it to the stub
 set -euo pipefail
 DEST=${1:-.gpu}

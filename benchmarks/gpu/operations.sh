@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 15 on the H200 (one GPU), in phases that each fit one 10-minute device command:
+# Readiness, soak and forced out-of-memory on one GPU (benchmarks/RESULTS-operations.md), in phases
+# that each run under 10 minutes:
 #   bash benchmarks/gpu/operations.sh readiness bge-m3      # launch -> READY, first request vs p50
 #   bash benchmarks/gpu/operations.sh readiness pplx-embed
 #   bash benchmarks/gpu/operations.sh soak pplx-embed [MINUTES]   # default 8 (fits when the cache is warm)
 #   bash benchmarks/gpu/operations.sh oom pplx-embed        # forced out-of-memory: split and retry
-# From the repository root with $OUT set; the compile cache /tmp/rose-cache/<shape> is shared by
+# From the repository root with $OUT set, on a host set up as in benchmarks/gpu/README.md; the compile cache /tmp/rose-cache/<shape> is shared by
 # the phases (the readiness phase's cold launch fills it, so the soak starts warm).
 set -u
 PHASE=$1; SHAPE=${2:-pplx-embed}; MINUTES=${3:-8}
