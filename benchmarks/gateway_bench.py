@@ -1,4 +1,5 @@
-"""What the HTTP gateway costs over calling Triton directly with rose_client (issue 18).
+"""What the HTTP gateway costs over calling Triton directly with rose_client
+(benchmarks/RESULTS-http.md).
 
     python benchmarks/gateway_bench.py                       # starts tritonserver + gateway itself
     python benchmarks/gateway_bench.py --triton-urls 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080

@@ -1,4 +1,5 @@
-"""What each step of a request costs inside Triton's Python stub (issue 13's host path): the
+"""What each step of a request costs inside Triton's Python stub (part of the host path,
+benchmarks/RESULTS-host-path.md): the
 pb_utils calls `rose` makes, asking whether a request was cancelled, our validation and one tokenizer
 call (each run twice in a row: cold, as a request pays it, then warm), building and sending the answer.
 A tritonserver with benchmarks/stub_probe_repository, one tritonclient gRPC stream sending requests

@@ -1,7 +1,7 @@
 """`tokenize` cost per request: in-process stages, and through a real tritonserver (no GPU needed).
 
-    python benchmarks/tokenize_bench.py --out results/tokenize            # CPU machine, the default model
-    source benchmarks/gpu/enter_bench.sh && python3 benchmarks/tokenize_bench.py --out $OUT   # on the H200
+    python benchmarks/tokenize_bench.py --out OUT            # CPU, the default model (kept as benchmarks/results/tokenize/minilm-cpu.json)
+    source benchmarks/gpu/enter_bench.sh && python3 benchmarks/tokenize_bench.py --out OUT --shape bge-m3   # on a GPU host
 
 1. In process (no server): the stages `tokenize` runs per request, on one 128-word and one 512-word
    text as Triton hands them over (a numpy object array of bytes): `decode` (BYTES -> str, checks),

@@ -14,7 +14,8 @@
     python -m rose_bench charts RESULT.json                # redraw one run's charts
     python -m rose_bench perf-inputs --vocab 250002        # perf_analyzer input files
 
-`python -m rose_bench SUBCOMMAND --help` describes each. Results go to benchmarks/results/.
+`python -m rose_bench SUBCOMMAND --help` describes each. Each writes into its --out; the
+results kept in the repository are benchmarks/results/<bench>/<model>-<gpu>.json (benchmarks/results/README.md).
 Install with the project's `bench` extra (pip install -e ".[bench]"); random-weight model folders
 come from rose_backend.testing.
 """

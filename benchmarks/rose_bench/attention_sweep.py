@@ -6,7 +6,7 @@ graph configuration (S + 1 entries, the last a dummy holding padding); each back
 graph mode, 10 layer-calls are captured in one CUDA graph, and the replay is timed with events
 (median of 5). Margin = second-best time / best time.
 
-    python -m rose_bench attention-sweep [--out benchmarks/results/attention_sweep.json]
+    python -m rose_bench attention-sweep [--out OUT.json]      # kept as benchmarks/results/attention-sweep/<shapes>-<gpu>.json
 """
 from __future__ import annotations
 

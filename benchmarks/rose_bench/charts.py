@@ -1,7 +1,7 @@
 """One PNG per workload from a bench JSON: this project, the naive Triton baseline, the published
 vLLM and Tulip numbers and the goal.
 
-    python -m rose_bench charts benchmarks/results/bench_bge-m3.json [--out DIR]
+    python -m rose_bench charts benchmarks/results/e2e/bge-m3-h200.json [--out DIR]
 """
 from __future__ import annotations
 

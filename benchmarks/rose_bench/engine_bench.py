@@ -6,7 +6,7 @@
   kernels      per layer and per forward, counted from a torch.profiler trace of one eager forward
   memory       weights, then weights + every graph for token buckets up to 8192 (seq buckets 1/4/16/64)
 
-    python -m rose_bench engine --out benchmarks/results/engine_bench.json
+    python -m rose_bench engine --out OUT.json      # kept as benchmarks/results/engine/<model>-<gpu>.json
 """
 from __future__ import annotations
 

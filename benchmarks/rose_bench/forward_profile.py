@@ -2,7 +2,7 @@
 backend, the CUDA-graph replay time, the kernels of one replay (torch.profiler, grouped by name) and
 the gap to an unpadded eager reference. Random weights at the real shapes, bf16.
 
-    source .gpu/enter.sh && PYTHONPATH=.:client:benchmarks python3 -m rose_bench forward-profile --out $OUT
+    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench forward-profile --out OUT    # benchmarks/gpu/README.md
 
 Results: <out>/forward_profile.json (written after every cell, so a run cut short keeps what it did).
 """

@@ -1,5 +1,5 @@
 """The projections of both model shapes as bare GEMMs (bf16, GPU): which call form is fastest at each
-token count. Issue 14's profiles show the forward pass GEMM-bound (1 x 128: the BGE-M3 QKV GEMM runs
+token count. The forward-pass profiles show it GEMM-bound (1 x 128: the BGE-M3 QKV GEMM runs
 at ~0.9 TB/s of weights, a third of the H200's bandwidth), so this times, per (tokens, N, K):
 
     linear      F.linear(x, W), W [N, K] (what the models call today)
@@ -10,7 +10,7 @@ at ~0.9 TB/s of weights, a third of the H200's bandwidth), so this times, per (t
 Each form runs 50 times inside one CUDA graph (no launch gaps), median of 10 replays per call; the
 table gives us per call and the weight bandwidth it reaches (GB/s). JSON: command, commit, machine.
 
-    python -m rose_bench gemm-sweep --out $OUT --git-commit <c>
+    python -m rose_bench gemm-sweep --out OUT --git-commit <c>
 """
 from __future__ import annotations
 

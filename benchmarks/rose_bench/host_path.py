@@ -5,7 +5,7 @@ In the same server: `floor` (benchmarks/floor_repository: the same request, one 
 no engine), i.e. what Triton's Python backend costs around any GPU model on this host. Then, in a
 server of its own, `embed` with 512-word texts from 16 concurrent clients (p50, p99, throughput).
 
-    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench host-path --out $OUT \
+    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench host-path --out OUT \
         --models bge-m3,pplx-embed --inline bge-m3=true,false
 
 Random-weight folders at the real shapes (the bench's WordLevel tokenizer: text "w12 w34" is ids

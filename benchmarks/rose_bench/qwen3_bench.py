@@ -9,7 +9,7 @@ events, median), the first (eager) and second (capture) request, and step+synchr
 Results go to <out>/qwen3_bench_<kernels>.json after every measurement, so a run cut short keeps
 what it did.
 
-    source .gpu/enter.sh && python -m rose_bench qwen3 --out benchmarks/results
+    source benchmarks/gpu/enter_bench.sh && python -m rose_bench qwen3 --out OUT    # benchmarks/gpu/README.md
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Where the tail of a concurrent load comes from: `embed` with long texts from many clients, each
 request followed through the server, for one or more server variants (a server of its own each).
 
-    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench tail --out $OUT --models bge-m3 \
+    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench tail --out OUT --models bge-m3 \
         --variants "sync:rose.response_threads=0;threads4:rose.response_threads=4"
 
 Per variant:
@@ -11,7 +11,7 @@ Per variant:
   during the warm-up and during the measurement are both recorded (rose's metrics).
 - perf_analyzer, gRPC streaming, `--clients` concurrent clients, `--words`-word texts: p50, p90, p99,
   requests per second (its CSV), and each request's latency (--profile-export-file) for the
-  client-side percentiles and the p99 / p50 ratio the issue asks for.
+  client-side percentiles and the p99 / p50 ratio (the goal is <= 1.25).
 - Triton's own trace (level TIMESTAMPS, every request; `--trace off` leaves it out): each `embed`
   request with its `tokenize_batched` and `rose` steps, cut into segments (ensemble hand-over,
   tokenize queue, tokenize execute, hand-over, rose queue, rose execute, rose until released,
