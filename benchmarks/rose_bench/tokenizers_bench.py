@@ -350,6 +350,18 @@ class Fastokens(Adapter):
         return self.tok.encode(text, add_special_tokens=True).ids
 
 
+class FastokensFlat(Fastokens):
+    """fastokens' encode_batch_flat: every text's ids in one uint32 buffer plus offsets, the shape
+    rose sends on (flat ids, lengths) without a Python list per text."""
+    name = "fastokens-flat"
+
+    def batch(self, texts):
+        import numpy as np
+        ids, offsets = self.tok.encode_batch_flat(texts, add_special_tokens=True)
+        offsets = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
+        return np.split(np.frombuffer(ids, dtype=np.uint32), offsets[1:-1])
+
+
 class Snaptokens(Fastokens):
     name, module = "snaptokens", "snaptokens"
 
@@ -399,7 +411,7 @@ class Budtiktok(Adapter):
 
 
 REFERENCE = HFTokenizers
-ADAPTERS = [HFTokenizers, HFTokenizersFast, Tokie, Fastokens, Kitoken, Budtiktok, Snaptokens]
+ADAPTERS = [HFTokenizers, HFTokenizersFast, Tokie, Fastokens, FastokensFlat, Kitoken, Budtiktok, Snaptokens]
 CANDIDATES = [a for a in ADAPTERS if a.module != "tokenizers"]
 
 
@@ -445,10 +457,13 @@ def compare(texts: list[str], want: list[list[int]], got_fn, per_text: bool) -> 
     return out
 
 
-def minimize(text: str, differs, budget: int = 4000) -> str:
+MINIMIZE_CALLS = 4000
+
+
+def minimize(text: str, differs, budget: int | None = None) -> str:
     """A shortest-found piece of `text` on which differs() still holds (chunks of characters
     removed while it does, halving the chunk size), within `budget` calls."""
-    calls, parts = 0, 2
+    calls, parts, budget = 0, 2, budget or MINIMIZE_CALLS
     while len(text) > 1 and calls < budget:
         chunk = max(1, len(text) // parts)
         for start in range(0, len(text), chunk):
@@ -505,10 +520,13 @@ def parity(paths: dict[str, Path], corpus: list[dict], adapters=ADAPTERS) -> dic
                 t0 = time.monotonic()
                 entry[mode] = {"batch": compare(texts, want, cand.batch, per_text=False),
                                "one": compare(texts, want, cand.one, per_text=True)}
+                minimal = {}
                 for kind in ("batch", "one"):
                     if entry[mode][kind]["mismatches"] and mode == "plain":
                         i = entry[mode][kind]["example"]["text_index"]
-                        entry[mode][kind]["minimal"] = minimal_example(ref, cand, texts[i])
+                        if i not in minimal:
+                            minimal[i] = minimal_example(ref, cand, texts[i])
+                        entry[mode][kind]["minimal"] = minimal[i]
                     elif entry[mode][kind]["mismatches"]:
                         i = entry[mode][kind]["example"]["text_index"]
                         entry[mode][kind]["example"]["want_tail"] = want[i][-4:]
@@ -636,7 +654,7 @@ def decide(result: dict) -> dict:
     for tname, cands in result["parity"].items():
         verdict[tname] = {}
         for cname, entry in cands.items():
-            if cname.startswith("_") or cname == "tokenizers-fast":
+            if cname.startswith("_") or cname.startswith("tokenizers"):
                 continue
             same = identical(entry)
             if same is None:
@@ -648,8 +666,10 @@ def decide(result: dict) -> dict:
             lowest = min(speeds) if speeds else None
             why = []
             if not same:
-                n = sum(entry[m][k]["mismatches"] for m in entry for k in ("batch", "one") if isinstance(entry[m], dict))
-                why.append(f"ids differ ({n} text encodings)")
+                worst = max((entry[m][k]["mismatches"], m, k) for m in ("plain", "truncated") if m in entry
+                            for k in ("batch", "one"))
+                why.append(f"ids differ on {worst[0]} of {entry['plain']['batch']['texts']} texts "
+                           f"({'untruncated' if worst[1] == 'plain' else 'truncated'}, {worst[2]})")
             if lowest is None or lowest < 2:
                 why.append(f"slowest batch cell {lowest}x tokenizers (< 2x)")
             verdict[tname][cname] = {"adopt": not why, "min_batch_speedup": lowest, "why": "; ".join(why) or "passes"}
@@ -675,10 +695,13 @@ def table(result: dict) -> str:
     lines.append("|---|" + "---|" * len(names))
     for tname, cands in result["parity"].items():
         lines.append(f"| {tname} | " + " | ".join(fmt_parity(cands.get(n, {"skipped": "-"})) for n in names) + " |")
-    skipped = {(n, e["skipped"]) for c in result["parity"].values() for n, e in c.items()
-               if not n.startswith("_") and "skipped" in e}
-    for n, why in sorted(skipped):
-        lines.append(f"  skip {n}: {why}")
+    skipped = {}
+    for tname, c in result["parity"].items():
+        for n, e in c.items():
+            if not n.startswith("_") and "skipped" in e:
+                skipped.setdefault((n, e["skipped"]), []).append(tname)
+    for (n, why), tnames in sorted(skipped.items()):
+        lines.append(f"  skip {n} ({', '.join(tnames)}): {why}")
     for label, run in result.get("speed", {}).items():
         lines.append("")
         lines.append(f"Batch speed-up vs tokenizers encode_batch ({label}): median [min-max] over rounds; "
@@ -720,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="timed rounds per cell (default 9; 3 with --quick)")
     p.add_argument("--target-ms", type=float, default=None, help="time per candidate per round (default 60)")
     p.add_argument("--no-speed", action="store_true", help="parity only")
+    p.add_argument("--tokenizer", action="append", default=[], metavar="NAME=PATH",
+                   help="also test this tokenizer.json (e.g. a real model's), under NAME; repeatable")
     p.add_argument("--git-commit", default=None)
     p.add_argument("--speed-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -732,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     counts = {w: max(2, n // 10) if args.quick else n for w, n in CORPUS_COUNTS.items()}
     result = run_record(args.git_commit, "cpu")
-    result["versions"] = {a.module: a.version() for a in ADAPTERS if a is not HFTokenizersFast}
+    result["versions"] = {a.module: a.version() for a in ADAPTERS}
     with tempfile.TemporaryDirectory(prefix="rose_tokenizers_bench_") as tmp:
         work = Path(tmp)
         corpus = make_corpus(args.seed, counts)
@@ -743,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"corpus: {len(corpus)} texts, {result['corpus']['chars']:,} characters")
         paths = build_tokenizers(work, args.seed, 300 if args.quick else 3000,
                                  4000 if args.quick else 16000, 2000 if args.quick else 8000)
+        for spec in args.tokenizer:
+            name, _, path = spec.partition("=")
+            paths[name] = without_padding_or_truncation(Path(path), work / f"{name}.json")
         result["tokenizer_files"] = {k: {"sha256": hashlib.sha256(v.read_bytes()).hexdigest(),
                                          "model": json.loads(v.read_text())["model"]["type"]} for k, v in paths.items()}
         result["parity"] = parity(paths, corpus)
