@@ -5,7 +5,7 @@ element reads as the first, and numpy outputs arrive empty. That would turn ever
 silently wrong embeddings, so each model refuses to start instead, saying what to do.
 
 Reading arrays back is checked here; sending them is not (that needs a response). In one stub
-(numpy 2.4.6, session 5) the read check passed and every answer still went out empty, so numpy 2
+(numpy 2.4.6, a CPU host) the read check passed and every answer still went out empty, so numpy 2
 itself is refused too, unless $ROSE_ALLOW_NUMPY2=1 says the Python backend was built for it.
 """
 from __future__ import annotations
