@@ -9,9 +9,17 @@ an explicit "seqs:tokens,..." list) and every launch (`cold`: an empty compile-c
 flashinfer / Triton kernels compile; `warm`: the same folder again, as a restart on the same machine)
 it starts a real tritonserver through the launcher's TritonProcess, measures launch -> READY, then
 for each request shape (SEQSxTOKENS, token ids straight to `rose` over a gRPC stream) the latency
-of the first request after READY and the steady p50 of `--steady` more, and the ratio (the issue's
-goal: first <= 3x steady p50), and finally the SIGTERM -> exit time. Prints a table and writes JSON
+of the first request after READY and the steady p50 of `--steady` more, and the ratio (goal:
+first <= 3x steady p50), and finally the SIGTERM -> exit time. Prints a table and writes JSON
 (command, git commit, machine, date) to --out.
+
+`--cache-dir DIR` serves every launch from DIR (ROSE_CACHE_DIR), which is never emptied: a folder
+filled by `python -m rose_backend.precompile` (its precompile.json marks it precompiled). There
+`cold` is a launch on a machine whose own caches ($XDG_CACHE_HOME or ~/.cache; the caller empties
+them) are empty, recorded as cache "empty" with the file count found there.
+Each run records model, cache ("empty" | "warm"), precompiled, ready_s, first_request_ms and
+steady_p50_ms ({shape: ms}); with one run its fields are also the file's top level, with commit and
+date.
 """
 from __future__ import annotations
 
@@ -62,9 +70,22 @@ def request(rng, seqs: int, tokens: int, vocab: int):
     return [("INPUT_IDS", ids), ("SEQ_LENS", lens)]
 
 
+CACHE_VARS = ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
+
+
+def home_cache() -> Path:
+    import os
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+
+
+def count_files(folder: Path) -> int:
+    return sum(1 for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
 def one_launch(folder, repo: Path, cache: Path, shapes, steady: int, vocab: int, log_file: Path) -> dict:
     import os
-    env = {**os.environ, "ROSE_CACHE_DIR": str(cache)}
+    # the server's caches all follow ROSE_CACHE_DIR (supervision.cache_env), whatever the caller set
+    env = {**{k: v for k, v in os.environ.items() if k not in CACHE_VARS}, "ROSE_CACHE_DIR": str(cache)}
     srv = TritonProcess(str(folder) if folder else None, repo, free_ports(), log_file=log_file, env=env)
     t0 = time.monotonic()
     srv.start()
@@ -91,7 +112,9 @@ def one_launch(folder, repo: Path, cache: Path, shapes, steady: int, vocab: int,
         t_stop = time.monotonic()
         code = srv.stop()
         stop_s = time.monotonic() - t_stop
-    return {"ready_s": round(ready_s, 2), "stop_s": round(stop_s, 2), "exit_code": code, "shapes": rows}
+    return {"ready_s": round(ready_s, 2), "stop_s": round(stop_s, 2), "exit_code": code, "shapes": rows,
+            "first_request_ms": {r["shape"]: r["first_ms"] for r in rows},
+            "steady_p50_ms": {r["shape"]: r["steady_p50_ms"] for r in rows}}
 
 
 def main(argv=None) -> int:
@@ -104,6 +127,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="default", help="precapture variants: default, none, or seqs:tokens lists (;-separated)")
     p.add_argument("--launches", default="cold,warm", help="cold (empty compile cache) and/or warm (the same cache again)")
     p.add_argument("--workdir", default=None, help="folder for model folders, caches and logs (default: a temp dir)")
+    p.add_argument("--cache-dir", default=None, help="serve every launch from this compile-cache folder, never "
+                   "emptied (e.g. one filled by python -m rose_backend.precompile)")
     p.add_argument("--out", default="benchmarks/results/readiness.json")
     p.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = p.parse_args(argv)
@@ -117,22 +142,32 @@ def main(argv=None) -> int:
     result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
               "git": git_commit(args.git_commit), "machine": host_info(args.device),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "model": str(folder or "default"), "runs": []}
+              "model": args.shape or (folder.name if folder else "default"), "folder": str(folder or "default"),
+              "runs": []}
+    result.update(commit=result["git"].get("commit"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     variants = [v.strip() for v in (args.variants.split(";") if ";" in args.variants else args.variants.split(",")) if v.strip()]
     for variant in variants:
         params = {} if variant == "default" else {"rose": {"precapture": variant}}
         repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{len(result['runs'])}", params)
-        cache = work / f"cache-{len(result['runs'])}"
+        cache = Path(args.cache_dir).resolve() if args.cache_dir else work / f"cache-{len(result['runs'])}"
         for launch in [x.strip() for x in args.launches.split(",") if x.strip()]:
-            if launch == "cold":
+            if launch == "cold" and not args.cache_dir:
                 import shutil
                 shutil.rmtree(cache, ignore_errors=True)
+            found = {"precompiled": (cache / "precompile.json").is_file(), "home_cache_files": count_files(home_cache())}
             run = one_launch(folder, repo, cache, shapes, args.steady, vocab,
                              work / f"server-{len(result['runs'])}-{launch}.log")
-            run.update(variant=variant, launch=launch)
+            run.update(model=result["model"], variant=variant, launch=launch,
+                       cache="empty" if launch == "cold" else "warm", cache_dir=str(cache), **found)
             result["runs"].append(run)
+            if len(result["runs"]) == 1:
+                result.update(run)
+            else:                                       # several runs: the top level is no one run's
+                for key in run:
+                    if key not in ("model",):
+                        result.pop(key, None)
             save_json(out, result, t_start)
             print(table([run]), flush=True)
     print("\n" + table(result["runs"]))

@@ -1,0 +1,316 @@
+"""Build ahead every kernel a model folder uses, into a folder laid out as the server's compile cache.
+
+    python -m rose_backend.precompile --model FOLDER --out DIR [--arch sm_90] [--repository REPO]
+    ROSE_CACHE_DIR=DIR make serve MODEL=FOLDER          # then nothing compiles at start-up
+
+DIR is laid out as supervision.cache_env lays out $ROSE_CACHE_DIR (DIR/flashinfer: flashinfer's JIT
+cache under DIR/flashinfer/.cache/flashinfer; DIR/triton: Triton's). Two parts:
+
+1. flashinfer's JIT modules, made with flashinfer's own JitSpecs (gen_batch_prefill_module,
+   gen_norm_module, gen_act_and_mul_module) and JitSpec.build(): the same sources, ninja file and
+   build folder as the server's first use makes, so the server's ninja run finds them up to date.
+   - ragged batch prefill, the module BatchPrefillWithRaggedKVCacheWrapper.plan loads for
+     FlashInferBackend.plan's arguments (q, kv and output in the model's dtype, int32 indptr, head_dim
+     qk = vo, no RoPE, no sliding window, no soft cap, no fp16 qk reduction; causal is a run-time
+     mask mode of the same module), one per flashinfer backend (fa2, fa3) that Engine.backend_for
+     can choose for the folder's heads on that architecture from attention_table.json over every
+     graph bucket; a backend named by the settings' `attention` alone; --all-backends: fa2, and fa3
+     on sm_90, whatever the table says;
+   - Qwen3 folders in bf16 / fp16: silu_and_mul, and the norm module (rmsnorm, fused_add_rmsnorm)
+     when flashinfer's norms take their CUDA JIT path; its CuTe DSL path compiles inside the serving
+     process and keeps nothing on disk, so it is not built here (and said so).
+   No GPU is needed: --arch sets FLASHINFER_CUDA_ARCH_LIST, which flashinfer's CompilationContext
+   reads instead of asking the devices; nvcc (CUDA_HOME or PATH) and ninja must be installed.
+2. With a GPU of that architecture: the engine built from the folder as `rose` builds it runs the
+   server's warm-up configurations once (eager, then captured), so the Triton-language kernels
+   (split-K GEMM, fused norms, q/k norm + RoPE) compile into DIR/triton, and any flashinfer module
+   part 1 missed lands in DIR/flashinfer. Without one this part is skipped and said so (Triton then
+   compiles those kernels at the server's warm-up, a few seconds).
+
+flashinfer's ninja files hold absolute paths (DIR, flashinfer's package, CUDA) and ninja compares
+file times, so serve from the same DIR path with the same flashinfer install (installed before the
+build, not after), else the first use compiles again. Writes DIR/precompile.json (what was built).
+Exit status 0: built; 1: a build failed (the message says what); 2: bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rose_backend.supervision import cache_env
+
+HALF_DTYPES = ("bfloat16", "float16")
+FLASHINFER_HEAD_DIMS = (64, 128, 256)       # FlashInferBackend.unavailable_reason (layers/attention_gpu.py)
+FLASHINFER_BACKENDS = {"flashinfer": "fa2", "flashinfer_fa3": "fa3"}    # engine backend -> flashinfer's
+FA3_MAJOR = 9                               # fa3 kernels: Hopper only
+FUSED_MODULES = {"qwen3": ("norm", "silu_and_mul")}   # layers/norm.py AddRMSNorm, layers/activation.py
+
+
+class PrecompileError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Module:
+    """One flashinfer JIT module: kind batch_prefill (backend, dtype, head_dim), norm or silu_and_mul."""
+    kind: str
+    backend: str = ""
+    dtype: str = ""
+    head_dim: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "batch_prefill":
+            return f"batch_prefill {self.backend} {self.dtype} head_dim {self.head_dim}"
+        return self.kind
+
+    def jit_spec(self):
+        """flashinfer's JitSpec for this module (writes its generated sources)."""
+        import torch
+        import flashinfer.jit as fjit
+        if self.kind == "batch_prefill":
+            dt = getattr(torch, self.dtype)
+            return fjit.gen_batch_prefill_module(self.backend, dt, dt, dt, torch.int32, self.head_dim,
+                                                 self.head_dim, 0, False, False, False)
+        if self.kind == "norm":
+            from flashinfer.jit.norm import gen_norm_module
+            return gen_norm_module()
+        return fjit.gen_act_and_mul_module("silu")
+
+
+def parse_arch(value: str) -> tuple[int, int]:
+    """"sm_90", "sm_90a", "90" or "9.0" -> (9, 0)."""
+    m = re.fullmatch(r"(?:sm_?)?(\d+?)\.?(\d)[af]?", value.strip().lower())
+    if not m or int(m.group(1)) < 7:
+        raise ValueError(f"--arch takes a CUDA architecture such as sm_90 (or 9.0), got {value!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_seqs: int, table=None) -> set[str]:
+    """The attention backends Engine.backend_for picks over every graph bucket (seqs x tokens) for
+    cfg's heads, where `runnable` flashinfer backends, torch varlen and (if installed) flash-attn run."""
+    import importlib.util
+
+    import torch
+
+    from rose_backend.engine.backend_table import BackendTable
+    from rose_backend.engine.graph_cache import seq_buckets, token_buckets
+    from rose_backend.layers.attention import BACKENDS, AttentionShape, backend_class
+    shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, getattr(torch, dtype), cfg.causal)
+    cuda = list(runnable)
+    if cfg.head_dim % 8 == 0 and cfg.head_dim <= 256:          # TorchVarlenBackend.unavailable_reason
+        cuda.append("torch_varlen")
+    if importlib.util.find_spec("flash_attn") is not None:
+        cuda.append("flash_attn")
+    excluded = {n.strip() for n in os.environ.get("ROSE_ATTENTION_EXCLUDE", "").split(",")}
+    available = [n for n in BACKENDS if n in cuda and n not in excluded]
+    if not available:
+        return set()
+    table = table if table is not None else BackendTable.load()
+    chosen = set()
+    for s in seq_buckets(max_seqs):
+        for t in token_buckets(max_tokens):
+            fits = [n for n in available if t <= getattr(backend_class(n), "max_tokens", t)] or available
+            chosen.add(table.choose(shape.key, s, t, fits, cfg.num_layers,
+                                    {n: backend_class(n).host_plan_us for n in fits}))
+    return chosen
+
+
+def flashinfer_modules(cfg, arch: tuple[int, int], dtype: str, attention: str | None = None,
+                       all_backends: bool = False, max_tokens: int = 16384, max_seqs: int = 64,
+                       cuda_norm: bool = True, table=None) -> list[Module]:
+    """The flashinfer JIT modules a server of `cfg` loads on `arch` (see the module docstring)."""
+    if dtype not in HALF_DTYPES:
+        return []
+    out = []
+    if cfg.head_dim in FLASHINFER_HEAD_DIMS:
+        runnable = ["flashinfer"] + (["flashinfer_fa3"] if arch[0] == FA3_MAJOR else [])
+        if attention:
+            names = {attention}
+        elif all_backends:
+            names = set(runnable)
+        else:
+            names = chosen_backends(cfg, runnable, dtype, max_tokens, max_seqs, table)
+        out += [Module("batch_prefill", FLASHINFER_BACKENDS[n], dtype, cfg.head_dim) for n in runnable if n in names]
+    for kind in FUSED_MODULES.get(cfg.model_type, ()):
+        if kind != "norm" or cuda_norm:
+            out.append(Module(kind))
+    return out
+
+
+def cache_layout(out: str | Path) -> dict[str, str]:
+    """The compile-cache variables of a server started with ROSE_CACHE_DIR=out (supervision.cache_env)."""
+    return cache_env({"ROSE_CACHE_DIR": str(out)})
+
+
+def up_to_date(spec) -> bool:
+    """What the server's JitSpec.build will find: ninja has nothing to do for the module."""
+    r = subprocess.run(["ninja", "-n", "-C", str(spec.build_dir), "-f", str(spec.ninja_path)],
+                       capture_output=True, text=True)
+    return r.returncode == 0 and "no work to do" in r.stdout
+
+
+def build_modules(modules: list[Module], jobs: int) -> list[dict]:
+    """Build each module (side by side, `jobs` at a time); one record per module."""
+    specs = [m.jit_spec() for m in modules]
+    os.environ.setdefault("MAX_JOBS", str(max(2, (os.cpu_count() or 2) // max(1, min(jobs, len(specs))))))
+
+    def build(spec) -> float:
+        t0 = time.perf_counter()
+        spec.build(need_lock=True)
+        return time.perf_counter() - t0
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = [pool.submit(build, s) for s in specs]
+        rows = []
+        for m, spec, f in zip(modules, specs, futures):
+            try:
+                seconds = f.result()
+            except Exception as e:
+                raise PrecompileError(f"flashinfer module {m.label} ({spec.name}) did not build: {e}") from e
+            if not up_to_date(spec):
+                raise PrecompileError(f"flashinfer module {m.label}: built, but ninja still finds work in "
+                                      f"{spec.build_dir}, so the server would compile it again")
+            rows.append({**asdict(m), "name": spec.name, "library": str(spec.get_library_path()),
+                         "seconds": round(seconds, 1)})
+    return rows
+
+
+def engine_limits(cfg, settings) -> dict:
+    """The engine's bucket limits as `rose` sets them (serving/triton_rose.py)."""
+    return {"max_tokens": max(settings.max_batch_tokens, cfg.max_positions), "max_seqs": settings.max_batch_seqs}
+
+
+def warm_engine(cfg, settings, device: str = "cuda") -> dict:
+    """Build the engine as `rose` builds it and run its warm-up configurations (the GPU default
+    when the settings say none): every kernel they launch compiles now."""
+    import torch
+
+    from rose_backend.engine.engine import Engine
+    from rose_backend.serving.warmup import precapture_plan
+    dtype = getattr(torch, settings.torch_dtype_name) if settings.torch_dtype_name else None
+    limits = engine_limits(cfg, settings)
+    engine = Engine(cfg, device=device, dtype=dtype, attention=settings.attention or None,
+                    max_inflight=settings.max_inflight, graphs=settings.graphs, **limits)
+    value = "" if settings.precapture.strip().lower() == "none" else settings.precapture
+    warm = precapture_plan(value, True, max_len=cfg.max_positions, **limits)
+    engine.precapture(warm)
+    torch.cuda.synchronize()
+    keys = [engine.graphs.key_for(s, t) for s, t in warm]
+    return {"configurations": [f"{s}:{t}" for s, t in warm],
+            "attention": sorted({engine.backend_for(*k) for k in keys if k is not None})}
+
+
+def count_files(folder: str | Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(folder)) if Path(folder).is_dir() else 0
+
+
+def load_settings(repository: str | None):
+    """`rose`'s settings: from REPOSITORY/rose/config.pbtxt, else the defaults."""
+    from rose_backend.serving.settings import RoseSettings, model_config_file
+    if not repository:
+        return RoseSettings()
+    return RoseSettings.from_model_config(model_config_file(Path(repository) / "rose" / "config.pbtxt"))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m rose_backend.precompile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="Hugging Face model folder")
+    p.add_argument("--out", required=True, help="compile-cache folder to fill (serve with ROSE_CACHE_DIR=it)")
+    p.add_argument("--arch", help="CUDA architecture, e.g. sm_90 (default: this machine's GPU)")
+    p.add_argument("--repository", help="model repository whose rose/config.pbtxt the server reads (default: defaults)")
+    p.add_argument("--kind", help="model kind (default: the settings', else detected from the folder)")
+    p.add_argument("--all-backends", action="store_true", help="every flashinfer attention backend of the arch")
+    p.add_argument("--flashinfer-only", action="store_true", help="skip the engine warm-up even with a GPU")
+    p.add_argument("--jobs", type=int, default=4, help="flashinfer modules built side by side (default 4)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be built, build nothing")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    from rose_backend.config import ModelConfig, ModelFolderError
+    try:
+        arch = parse_arch(args.arch) if args.arch else None
+        settings = load_settings(args.repository)
+        cfg = ModelConfig.from_folder(Path(args.model).expanduser(), args.kind or settings.model_kind or None)
+    except (ValueError, OSError, ModelFolderError) as e:
+        print(f"rose precompile: {e}", file=sys.stderr)
+        return 2
+    layout = cache_layout(Path(args.out).expanduser().resolve())
+    os.environ.update(layout)                                   # before torch, flashinfer, Triton are imported
+    import torch
+    gpu = torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None
+    if arch is None and gpu is None:
+        print("rose precompile: no CUDA device here: say which architecture to build for (--arch sm_90)",
+              file=sys.stderr)
+        return 2
+    arch = arch or gpu
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = f"{arch[0]}.{arch[1]}"    # read when flashinfer is imported
+    dtype = settings.torch_dtype_name or "bfloat16"
+    attention = settings.attention if settings.attention not in ("", "auto") else None
+    try:
+        import flashinfer.norm as fi_norm
+        cuda_norm = fi_norm._USE_CUDA_NORM
+    except ImportError:
+        fi_norm = cuda_norm = None
+    except Exception as e:                                      # flashinfer present but broken here
+        print(f"rose precompile: failed: flashinfer does not import: {e!r}", file=sys.stderr)
+        return 1
+    modules = flashinfer_modules(cfg, arch, dtype, attention, args.all_backends,
+                                 cuda_norm=cuda_norm is not False, **engine_limits(cfg, settings))
+    print(f"rose precompile: {cfg.model_dir} ({cfg.model_type}, {cfg.num_heads} heads / {cfg.num_kv_heads} kv "
+          f"heads of {cfg.head_dim}, {dtype}) for sm_{arch[0]}{arch[1]} into {layout['ROSE_CACHE_DIR']}", flush=True)
+    for var in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR"):
+        print(f"  {var}={layout[var]}")
+    for m in modules:
+        print(f"  flashinfer module: {m.label}")
+    if cuda_norm is False and cfg.model_type in FUSED_MODULES:
+        print("  not built: flashinfer's norms run on CuTe DSL here, compiled in the serving process")
+    if args.dry_run:
+        return 0
+    record = {"model": str(cfg.model_dir), "arch": f"sm_{arch[0]}{arch[1]}", "dtype": dtype, "layout": layout}
+    try:
+        if modules and fi_norm is None:
+            raise PrecompileError("flashinfer is not installed here (pip install flashinfer-python)")
+        t0 = time.perf_counter()
+        rows = build_modules(modules, args.jobs)
+        for r in rows:
+            print(f"  built {r['name']}  {r['seconds']:.1f} s", flush=True)
+        record["flashinfer"] = {"seconds": round(time.perf_counter() - t0, 1), "modules": rows}
+        print(f"flashinfer: {len(rows)} modules in {record['flashinfer']['seconds']:.1f} s", flush=True)
+        if args.flashinfer_only or gpu != arch:
+            why = ("--flashinfer-only" if args.flashinfer_only else
+                   f"no GPU of sm_{arch[0]}{arch[1]} here" + (f" (sm_{gpu[0]}{gpu[1]})" if gpu else ""))
+            record["triton"] = {"skipped": why}
+            print(f"skipped: the Triton-language kernels (split-K GEMM, fused norms, q/k norm + RoPE) and "
+                  f"the engine warm-up: {why}; they compile at the server's warm-up")
+        else:
+            t0, before = time.perf_counter(), count_files(layout["TRITON_CACHE_DIR"])
+            warm = warm_engine(cfg, settings)
+            warm.update(seconds=round(time.perf_counter() - t0, 1),
+                        triton_cache_files=count_files(layout["TRITON_CACHE_DIR"]) - before)
+            record["triton"] = warm
+            print(f"engine warm-up: {len(warm['configurations'])} configurations ({', '.join(warm['configurations'])}), "
+                  f"attention {', '.join(warm['attention'])}; {warm['triton_cache_files']} new Triton cache files "
+                  f"in {warm['seconds']:.1f} s", flush=True)
+    except Exception as e:
+        print(f"rose precompile: failed: {e}", file=sys.stderr)
+        return 1
+    record["seconds"] = round(time.perf_counter() - t_start, 1)
+    Path(layout["ROSE_CACHE_DIR"], "precompile.json").write_text(json.dumps(record, indent=1))
+    print(f"done in {record['seconds']:.1f} s: serve with ROSE_CACHE_DIR={layout['ROSE_CACHE_DIR']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""rose_backend.precompile on the GPU: an 8-layer pplx-embed-shaped folder (Qwen3 heads 16 / 8 x 128:
+flashinfer attention, norm and SiLU-and-mul modules, and every Triton-language kernel) precompiled
+into an empty folder; then a second process, started as the server is (ROSE_CACHE_DIR = that folder,
+the other cache variables from supervision.cache_env, no FLASHINFER_CUDA_ARCH_LIST), builds the
+engine and runs the server's warm-up without compiling: no flashinfer object or library is written
+again, no Triton cache file appears, and it takes a fraction of the precompile's time.
+
+    source .gpu/enter.sh && python3 -m pytest tests/gpu/test_precompile_gpu.py -q -s
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rose_backend.supervision import cache_env
+from rose_backend.testing.folders import make_folder
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = ("ROSE_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+        "CUDA_CACHE_PATH", "FLASHINFER_CUDA_ARCH_LIST", "MAX_JOBS")
+SERVE = """
+import json, sys, time
+t0 = time.perf_counter()
+from rose_backend.config import ModelConfig
+from rose_backend.precompile import load_settings, warm_engine
+warm = warm_engine(ModelConfig.from_folder(sys.argv[1]), load_settings(None))
+from flashinfer.jit import env
+print(json.dumps({**warm, "seconds": time.perf_counter() - t0, "workspace": str(env.FLASHINFER_WORKSPACE_DIR)}))
+"""
+
+
+def built_files(cache: Path) -> dict[str, int]:
+    """{path: mtime} of flashinfer's objects and libraries and of every Triton cache file."""
+    fi = [p for p in (cache / "flashinfer").rglob("*") if p.suffix in (".o", ".so")]
+    return {str(p): p.stat().st_mtime_ns for p in fi + list((cache / "triton").rglob("*")) if p.is_file()}
+
+
+def test_a_precompiled_folder_serves_without_compiling(gpu_tmp, tmp_path):
+    folder = make_folder("pplx-embed", gpu_tmp / "precompile-pplx-8l", device="cuda", num_hidden_layers=8,
+                         vocab_size=4096)
+    cache = tmp_path / "cache"
+    base = {k: v for k, v in os.environ.items() if k not in OURS}
+    r = subprocess.run([sys.executable, "-m", "rose_backend.precompile", "--model", str(folder), "--out", str(cache)],
+                       cwd=ROOT, env=base, capture_output=True, text=True, timeout=900)
+    print(r.stdout[-3000:], r.stderr[-3000:])
+    assert r.returncode == 0, r.stderr[-3000:]
+    record = json.loads((cache / "precompile.json").read_text())
+    modules = record["flashinfer"]["modules"]
+    hopper = torch.cuda.get_device_capability(0)[0] == 9
+    assert {m["kind"] for m in modules} >= {"silu_and_mul"} and (not hopper or
+                                                                  any(m["backend"] == "fa3" for m in modules))
+    fi_root = cache / "flashinfer" / ".cache" / "flashinfer"
+    assert all(Path(m["library"]).is_file() and Path(m["library"]).is_relative_to(fi_root) for m in modules)
+    assert record["triton"]["triton_cache_files"] > 0, record["triton"]       # the warm-up compiled them here
+    before = built_files(cache)
+
+    serve_env = cache_env({**base, "ROSE_CACHE_DIR": str(cache)})
+    s = subprocess.run([sys.executable, "-c", SERVE, str(folder)], cwd=ROOT, env=serve_env,
+                       capture_output=True, text=True, timeout=600)
+    assert s.returncode == 0, s.stderr[-3000:]
+    served = json.loads(s.stdout.strip().splitlines()[-1])
+    print(f"precompile {record['seconds']} s, then the server's engine + warm-up {served['seconds']:.1f} s: {served}")
+    after = built_files(cache)
+    assert sorted(set(after) - set(before)) == []                             # nothing compiled
+    assert [p for p in before if after.get(p) != before[p]] == []             # nothing rebuilt
+    assert all(Path(m["library"]).is_relative_to(served["workspace"]) for m in modules)   # the same arch folder
+    if hopper:
+        assert "flashinfer_fa3" in served["attention"]                        # the prebuilt module was loaded
+    assert served["seconds"] < record["seconds"] / 2
