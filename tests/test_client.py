@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import rose_client.client as client_mod
+import rose_client.replica as replica_mod
 from rose_client import AllReplicasDown, AsyncEmbeddingClient, ConnectionLost, EmbeddingClient, ServerError
 from rose_backend.testing.compare import cos_dist
 from rose_client.chunking import chunk_ranges, estimate_text_tokens
@@ -57,8 +58,9 @@ def test_estimate_and_client_import_nothing_of_the_server():
 
 # ------------------------------------------------------------------------------------ fake replicas
 class FakeCluster:
-    """Stands in for StreamConnection: answers `rose` requests with rows [first token id, length, ...]
-    from a thread, after a delay; each url can be made to drop its stream, hang, or be overloaded."""
+    """Stands in for the client's gRPC channels and their streams: answers `rose` requests with rows
+    [first token id, length, ...] from a thread, after a delay; each url can be made to drop its
+    stream, hang, or be overloaded."""
 
     def __init__(self, seed=0):
         self.rng = random.Random(seed)
@@ -69,12 +71,37 @@ class FakeCluster:
         self.served: dict[str, int] = {}      # url -> sequences answered
         self.lock = threading.Lock()
 
-    def connection(self, url):
+    def channel(self, url, headers=None):
+        cluster = self
+
+        class FakeChannel:
+            def __init__(self):
+                self.url, self.streams = url, []
+
+            def stream(self):
+                conn = cluster.connection(url, self)
+                self.streams.append(conn)
+                return conn
+
+            def close(self):
+                for conn in self.streams:
+                    conn.close()
+
+        return FakeChannel()
+
+    def connection(self, url, channel=None):
         cluster = self
 
         class Conn:
             def __init__(self):
-                self.url, self.broken, self.pending = url, None, []
+                self.url, self.broken, self.pending, self.channel = url, None, [], channel
+
+            @property
+            def outstanding(self):
+                return sum(not f.done() for f in self.pending)
+
+            def cancel(self):
+                self.close()
 
             def infer(self, model, inputs, outputs=None, parameters=None):
                 fut = Future()
@@ -122,7 +149,7 @@ class FakeCluster:
 @pytest.fixture
 def fake(monkeypatch):
     cluster = FakeCluster()
-    monkeypatch.setattr(client_mod, "StreamConnection", cluster.connection)
+    monkeypatch.setattr(replica_mod, "Channel", cluster.channel)
     return cluster
 
 
@@ -179,8 +206,13 @@ def test_all_replicas_down_names_them(fake):
 def test_bad_input_is_not_retried_and_names_its_positions():
     # a real error message shape, from a fake that rejects the chunk holding sequence 700
     class Rejecting:
-        def __init__(self, url):
-            self.url, self.broken, self.calls = url, None, 0
+        outstanding = 0
+
+        def __init__(self, url, headers=None):
+            self.url, self.broken, self.calls, self.channel = url, None, 0, self
+
+        def stream(self):
+            return self
 
         def infer(self, model, inputs, outputs=None, parameters=None):
             fut = Future()
@@ -194,14 +226,16 @@ def test_bad_input_is_not_retried_and_names_its_positions():
         def close(self, wait=True):
             pass
 
-    orig = client_mod.StreamConnection
-    client_mod.StreamConnection = Rejecting
+        cancel = close
+
+    orig = replica_mod.Channel
+    replica_mod.Channel = Rejecting
     try:
         with EmbeddingClient("x:1", token_budget=100) as c:
             with pytest.raises(ServerError, match=r"outside the vocabulary \(inputs 7\d\d\.\.7\d\d of this call\)"):
                 c.embed_tokens([[i] * 10 for i in range(1000)])
     finally:
-        client_mod.StreamConnection = orig
+        replica_mod.Channel = orig
 
 
 def test_async_twin_with_concurrent_calls(fake):

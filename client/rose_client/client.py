@@ -6,9 +6,11 @@ client instead, and goes to whichever replica frees up first); results are put b
 
 Failures, and why nothing is lost or duplicated: every chunk is one attempt at a time on one
 replica, and its rows are written once, by the first attempt that succeeds.
-- The stream to a replica breaks (server killed, network) or a chunk times out: the replica is
-  marked down for a backoff (0.1 s doubling up to 5 s; its stream is closed so late answers cannot
-  arrive) and the chunk goes to another replica. A down replica is tried again after its backoff.
+- The stream to a replica breaks (server killed, network) or a chunk times out (no answer from its
+  replica for chunk_timeout seconds, counted from when it was sent or from the replica's last
+  answer, whichever is later: a long queue that moves is no timeout): the replica is marked down
+  for a backoff (0.1 s doubling up to 5 s; its channel is closed so late answers cannot arrive) and
+  the chunk goes to another replica. A down replica is tried again after its backoff.
 - The server says it is overloaded ("... retry later"): the chunk is retried after a backoff.
 - The server says it is shutting down (the model "has no available versions"): as a broken stream,
   so the replica's stream is closed (tritonserver waits for open streams before it exits).
@@ -16,6 +18,13 @@ replica, and its rows are written once, by the first attempt that succeeds.
   naming the input positions of the chunk.
 - Every replica has failed `retries` times in a row: the call raises AllReplicasDown naming each
   replica and its last error.
+- The server refuses the API key: the call raises AccessDenied at once.
+
+Each call has streams of its own (replica.py). A call that ends before all of its chunks are
+answered (an error, a timeout, KeyboardInterrupt, or the asyncio task cancelled) sends nothing
+more and cancels its streams: the server cancels the requests still pending on them (`rose`
+drops their sequences not yet computed; Triton 2.51 passes a cancellation on through the `embed`
+ensemble only before the request's `rose` step has started).
 
     >>> client = EmbeddingClient("127.0.0.1:8001,127.0.0.1:8011", tokenizer="path/to/model")
     >>> client.embed(["what is rose?"], task="query").shape      # (1, 384)
@@ -25,15 +34,16 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from rose_client.auth import grpc_api_key_headers
 from rose_client.chunking import TextTokenCounter, chunk_ranges, estimate_text_tokens
 from rose_client.dispatch import AllReplicasDown, Attempt, Chunk, Job  # noqa: F401 (AllReplicasDown: raised from here)
 from rose_client.encoded import Ask, Encoded
+from rose_client.replica import Replica
 from rose_client.rerank import SCORES, pair_chunks, ranked
-from rose_client.transport import StreamConnection
+from rose_client.transport import Channel, StreamConnection
 
 
 def parse_urls(urls: str | list[str]) -> list[str]:
@@ -47,24 +57,6 @@ def parse_urls(urls: str | list[str]) -> list[str]:
     return urls
 
 
-@dataclass
-class _Replica:
-    url: str
-    conn: StreamConnection | None = None
-    inflight_tokens: int = 0          # tokens sent and not yet answered (all calls of this client)
-    failures: int = 0                 # consecutive failures; 0 after any success
-    down_until: float = 0.0
-    last_error: str = ""
-    tokens_done: int = 0              # stats: tokens / chunks answered successfully
-    chunks_done: int = 0
-    failures_total: int = 0
-
-    def connection(self) -> StreamConnection:
-        if self.conn is None or self.conn.broken is not None:
-            self.conn = StreamConnection(self.url)
-        return self.conn
-
-
 class EmbeddingClient:
     """Client of the `embed` ensemble (texts), the `rose` model (token ids) and, for a reranker
     deployment, the `rerank` ensemble (query + documents -> scores) over gRPC streams.
@@ -72,18 +64,23 @@ class EmbeddingClient:
     urls: "host:port,host:port" or a list (one per replica). token_budget: tokens per chunk
     (default 2048). max_chunk_seqs: sequences per chunk. max_inflight_tokens: tokens outstanding per
     replica, over all calls of this client. tokenizer: a tokenizer.json or model folder for exact
-    text token counts (else bytes/4 + 2, capped at max_text_tokens). timeout: seconds per call;
-    chunk_timeout: seconds per chunk attempt. retries: consecutive failures of every replica before
-    a call gives up. Thread-safe: any number of threads may call one client.
+    text token counts (else bytes/4 + 2, capped at max_text_tokens). timeout: seconds per call
+    (None: no bound); progress_timeout: seconds a call may go without any of its chunks answered
+    (None: no bound); chunk_timeout: seconds a chunk may wait for its replica's next answer.
+    retries: consecutive failures of every replica before a call gives up. api_key: sent on every
+    request (gRPC metadata, rose_client.auth.grpc_api_key_headers) to a deployment that requires
+    one; never logged nor put in an error. Thread-safe: any number of threads may call one client.
     """
 
     def __init__(self, urls: str | list[str], model: str = "embed", token_model: str = "rose",
                  rerank_model: str = "rerank", timeout: float = 300.0, token_budget: int = 2048, max_chunk_seqs: int = 512,
                  max_inflight_tokens: int = 32768, tokenizer: str | None = None,
                  max_text_tokens: int = 512, chunk_timeout: float = 120.0, retries: int = 4,
-                 backoff: float = 0.1, max_backoff: float = 5.0, max_chunk_bytes: int = 16 << 20):
+                 backoff: float = 0.1, max_backoff: float = 5.0, max_chunk_bytes: int = 16 << 20,
+                 api_key: str | None = None, progress_timeout: float | None = None):
         self.urls = parse_urls(urls)
-        self.model, self.token_model, self.timeout = model, token_model, timeout
+        self.model, self.token_model = model, token_model
+        self.timeout, self.progress_timeout = timeout, progress_timeout
         self.rerank_model = rerank_model
         self.token_budget, self.max_chunk_seqs = token_budget, max_chunk_seqs
         self.max_inflight_tokens, self.max_chunk_bytes = max_inflight_tokens, max_chunk_bytes
@@ -91,12 +88,14 @@ class EmbeddingClient:
         self.backoff, self.max_backoff = backoff, max_backoff
         self.max_text_tokens = max_text_tokens
         self.counter = TextTokenCounter(tokenizer, None) if tokenizer else None
-        self._replicas = [_Replica(u) for u in self.urls]
+        headers = grpc_api_key_headers(api_key)
+        self._replicas = [Replica(u, headers) for u in self.urls]
         self._lock = threading.Lock()
         self._waiters: set = set()
         self._closed = False
-        for r in self._replicas:
-            r.connection()
+        with self._lock:
+            for r in self._replicas:                     # connect now: the first call finds a stream open
+                r.give_back(r.lease())
 
     # ----------------------------------------------------------------------------- public API
     def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
@@ -150,11 +149,10 @@ class EmbeddingClient:
     def close(self):
         with self._lock:
             self._closed = True
-            conns = [r.conn for r in self._replicas if r.conn is not None]
-            for r in self._replicas:
-                r.conn = None
-        for c in conns:
-            c.close()
+            channels = [r.drop_channel() for r in self._replicas]
+        for ch in channels:
+            if ch is not None:
+                ch.close()
 
     def __enter__(self):
         return self
@@ -196,7 +194,7 @@ class EmbeddingClient:
         finally:
             job.finish()
 
-    def _pick(self, chunk: Chunk, now: float) -> _Replica | None:
+    def _pick(self, chunk: Chunk, now: float) -> Replica | None:
         """The live replica with the fewest outstanding tokens that can take the chunk (caller holds the lock)."""
         live = [r for r in self._replicas if r.down_until <= now and (
             r.inflight_tokens == 0 or r.inflight_tokens + chunk.tokens <= self.max_inflight_tokens)]
@@ -207,6 +205,7 @@ class EmbeddingClient:
 
     def _on_done(self, att: Attempt, job: "Job", _fut) -> None:
         with self._lock:
+            att.replica.last_answer = time.monotonic()
             if not att.released:
                 att.released = True
                 att.replica.inflight_tokens -= att.chunk.tokens
@@ -215,15 +214,6 @@ class EmbeddingClient:
         for wake in waiters:              # capacity freed: every waiting call may place a chunk now
             wake()
 
-    def _replica_failed(self, r: _Replica, conn: StreamConnection, error: str) -> StreamConnection | None:
-        """Caller holds the lock. Counts one failure per broken connection, not per chunk on it, and
-        returns the connection for the caller to close once it has let go of the lock (closing fails
-        the chunks still pending on it, whose callbacks take the lock)."""
-        if r.conn is not conn:
-            return None                   # this connection was already counted and dropped
-        r.failures += 1
-        r.failures_total += 1
-        r.last_error = error
-        r.down_until = time.monotonic() + min(self.backoff * 2 ** (r.failures - 1), self.max_backoff)
-        r.conn = None
-        return conn
+    def _replica_failed(self, r: Replica, conn: StreamConnection, error: str) -> Channel | None:
+        """Caller holds the lock; see Replica.failed (close the channel it returns outside the lock)."""
+        return r.failed(conn, error, self.backoff, self.max_backoff)

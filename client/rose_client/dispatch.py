@@ -1,6 +1,7 @@
 """One call's chunks in flight over the replicas of an EmbeddingClient: what a chunk is, one attempt
 of it on one replica, and the Job that places, times out, retries and collects them (client.py
-explains the policy). Job.step() does the work; the sync and the asyncio client only wait.
+explains the policy). Job.step() does the work; the sync and the asyncio client only wait; Job.finish()
+gives the call's streams back, or cancels those with requests still pending.
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rose_client.encoded import Ask, Encoded
-from rose_client.transport import ServerError, StreamConnection
+from rose_client.replica import Replica
+from rose_client.transport import AccessDenied, Channel, ServerError, StreamConnection
+
+NEVER = float("inf")
 
 
 class AllReplicasDown(ConnectionError):
@@ -34,9 +38,9 @@ class Chunk:
 @dataclass(eq=False)
 class Attempt:
     chunk: Chunk
-    replica: _Replica
+    replica: Replica
     conn: StreamConnection
-    deadline: float
+    sent_at: float
     released: bool = False            # its tokens no longer count against the replica
     abandoned: bool = False           # timed out: a late answer is ignored
     fut: Future | None = None
@@ -53,7 +57,10 @@ class Job:
         self.inflight: set[Attempt] = set()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.remaining = len(chunks)
-        self.deadline = time.monotonic() + client.timeout
+        self.streams: dict[str, tuple[Replica, StreamConnection]] = {}    # url -> this call's stream there
+        now = time.monotonic()
+        self.deadline = NEVER if client.timeout is None else now + client.timeout
+        self.stall_at = NEVER if client.progress_timeout is None else now + client.progress_timeout
         with client._lock:
             if client._closed:
                 raise RuntimeError("the client is closed")
@@ -73,10 +80,13 @@ class Job:
         if now > self.deadline:
             raise TimeoutError(f"embedding call timed out after {c.timeout:.0f} s with {self.remaining} of "
                                f"{len(self.chunks)} chunks unanswered ({self._replica_summary()})")
+        if now > self.stall_at:
+            raise TimeoutError(f"no chunk of this embedding call was answered for {c.progress_timeout:g} s; "
+                               f"{self.remaining} of {len(self.chunks)} chunks unanswered ({self._replica_summary()})")
         to_close = []
         with c._lock:                                    # 2. attempts past their deadline
-            for att in [a for a in self.inflight if now > a.deadline]:
-                to_close.append(self._abandon(att, f"chunk timed out after {c.chunk_timeout:g} s"))
+            for att in [a for a in self.inflight if now > self._expiry(a)]:
+                to_close.append(self._abandon(att, f"no answer for {c.chunk_timeout:g} s"))
             sent = []
             for chunk in list(self.todo):                # 3. place what can go, in input order
                 if chunk.not_before > now:
@@ -84,8 +94,7 @@ class Job:
                 r = c._pick(chunk, now)
                 if r is None:
                     break
-                conn = r.connection()
-                att = Attempt(chunk, r, conn, now + c.chunk_timeout)
+                att = Attempt(chunk, r, self._stream(r), now)
                 r.inflight_tokens += chunk.tokens
                 chunk.attempts += 1
                 self.todo.remove(chunk)
@@ -93,18 +102,33 @@ class Job:
                 sent.append(att)
             if self.todo and all(r.failures >= c.retries for r in c._replicas):
                 raise AllReplicasDown(f"all {len(c._replicas)} replicas are down: {self._replica_summary()}")
-            wakes = [a.deadline for a in self.inflight] + [ch.not_before for ch in self.todo if ch.not_before > now]
+            wakes = [self._expiry(a) for a in self.inflight] + \
+                [ch.not_before for ch in self.todo if ch.not_before > now]
             if self.todo:
                 wakes += [r.down_until for r in c._replicas if r.down_until > now]
-        for conn in to_close:                            # outside the lock: pending chunks fail over
-            if conn is not None:
-                conn.close(wait=False)
+        for channel in to_close:                         # outside the lock: pending chunks fail over
+            if channel is not None:
+                channel.close()
         for att in sent:                                 # outside the lock: callbacks may run inline
             att.fut = att.conn.infer(self.model, att.chunk.inputs, self.ask.outputs(), self.ask.parameters())
             att.fut.add_done_callback(lambda f, a=att: c._on_done(a, self, f))
         if sent:
             return 0.0                                   # look at the queue again right away
-        return max(0.0, min(wakes + [self.deadline]) - time.monotonic()) + 1e-3
+        return min(max(0.0, min(wakes + [self.deadline, self.stall_at]) - time.monotonic()) + 1e-3, 3600.0)
+
+    def _expiry(self, att: Attempt) -> float:
+        """When an attempt is given up: chunk_timeout after it was sent, or after its replica's last
+        answer to this client if that is later (a replica working through a queue is not stuck)."""
+        return max(att.sent_at, att.replica.last_answer) + self.client.chunk_timeout
+
+    def _stream(self, r: Replica) -> StreamConnection:
+        """This call's stream to r (caller holds the lock): leased on first use, again once broken."""
+        held = self.streams.get(r.url)
+        if held is not None and held[1].broken is None and held[1].channel is r.channel:
+            return held[1]
+        conn = r.lease()
+        self.streams[r.url] = (r, conn)
+        return conn
 
     def _handle(self, att: Attempt) -> None:
         c = self.client
@@ -118,11 +142,15 @@ class Job:
             self.ask.check(out, chunk.end - chunk.start, r.url)
             chunk.result = out
             self.remaining -= 1
+            if c.progress_timeout is not None:
+                self.stall_at = time.monotonic() + c.progress_timeout
             with c._lock:
                 r.failures = 0
                 r.tokens_done += chunk.tokens
                 r.chunks_done += 1
             return
+        if isinstance(exc, AccessDenied):
+            raise AccessDenied(str(exc)) from exc
         if isinstance(exc, ServerError) and not exc.retryable:
             raise ServerError(f"{exc} (inputs {chunk.start}..{chunk.end - 1} of this call)") from exc
         broken = None
@@ -135,11 +163,11 @@ class Job:
                 chunk.failed_on.add(r.url)
             self._requeue(chunk)
         if broken is not None:
-            broken.close(wait=False)
+            broken.close()
 
-    def _abandon(self, att: Attempt, why: str) -> StreamConnection | None:
+    def _abandon(self, att: Attempt, why: str) -> Channel | None:
         """Caller holds the lock. Give up on an attempt; its chunk goes back to the queue.
-        Returns the replica's connection to close (see _replica_failed)."""
+        Returns the replica's channel to close (see Replica.failed)."""
         c = self.client
         att.abandoned = True
         self.inflight.discard(att)
@@ -163,5 +191,20 @@ class Job:
         return self.ask.assemble([ch.result for ch in self.chunks], self.client.urls)
 
     def finish(self) -> None:
+        """The call is over, answered or not: nothing more is sent. Streams with nothing pending go
+        back to their replica; a stream with requests still pending (the call failed, timed out or
+        was cancelled) is cancelled, so that the server drops that work."""
+        cancel, close = [], []
         with self.client._lock:
             self.client._waiters.discard(self.wake)
+            self.todo.clear()
+            for r, conn in self.streams.values():
+                if conn.outstanding:
+                    cancel.append(conn)
+                elif not r.give_back(conn):
+                    close.append(conn)
+            self.streams.clear()
+        for conn in cancel:
+            conn.cancel()
+        for conn in close:
+            conn.close(wait=False)

@@ -9,6 +9,11 @@ raw bytes: a large one is decoded by hand so that its tensors are views of the r
     conn = StreamConnection("127.0.0.1:8001")
     fut = conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens)])   # concurrent.futures.Future
     fut.result()["EMBEDDINGS"]                                            # np.ndarray
+
+Several streams can share one Channel (one HTTP/2 connection): EmbeddingClient gives each call
+streams of its own, so that `cancel()` (which ends a stream, and with it every request on it at
+the server) cancels that call's requests and nobody else's. A Channel carries the metadata of its
+streams: the API key of a deployment that requires one (rose_client.auth.grpc_api_key_headers).
 """
 from __future__ import annotations
 
@@ -50,6 +55,18 @@ _RETRYABLE_MARKERS = ("overloaded", "retry later", "unavailable", "exceeds the q
 _LEAVING_MARKERS = ("has no available versions", "shutting down")
 
 
+class AccessDenied(ServerError):
+    """The server refused the client's key (Triton's restricted protocols: no key, or a wrong one).
+    Not retryable: every replica of a deployment checks the same key."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.retryable = self.server_leaving = False
+
+
+_DENIED_MARKER = "protocol is restricted"      # Triton: "This protocol is restricted, expecting header ..."
+
+
 class ConnectionLost(ConnectionError):
     """The stream to a server broke before the request was answered."""
 
@@ -64,10 +81,29 @@ def serialize_bytes(items) -> bytes:
     return b"".join(out)
 
 
-class StreamConnection:
-    def __init__(self, url: str):
+class Channel:
+    """One gRPC channel (one HTTP/2 connection) to one server, shared by the streams opened on it.
+    headers: gRPC metadata sent at the start of each of its streams (e.g. an API key)."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None):
         self.url = url
-        self._channel = grpc.insecure_channel(url, options=_CHANNEL_OPTIONS)
+        self.metadata = tuple(headers.items()) if headers else None
+        self.grpc = grpc.insecure_channel(url, options=_CHANNEL_OPTIONS)
+
+    def stream(self) -> "StreamConnection":
+        return StreamConnection(self.url, channel=self)
+
+    def close(self) -> None:
+        """Close the connection: every stream on it ends, its pending requests fail with ConnectionLost."""
+        self.grpc.close()
+
+
+class StreamConnection:
+    def __init__(self, url: str, channel: Channel | None = None, headers: dict[str, str] | None = None):
+        """A stream on `channel`, or on a channel of its own (closed with it) made with `headers`."""
+        self.url = url
+        self._owns_channel = channel is None
+        self.channel = Channel(url, headers) if channel is None else channel
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: dict[str, Future] = {}
         self._lock = threading.Lock()
@@ -75,9 +111,10 @@ class StreamConnection:
         self._closed = False
         self.broken: Exception | None = None
         # raw bytes in, decoded here (_decode): large outputs become views of the received message
-        self._responses = self._channel.stream_stream(
+        self._responses = self.channel.grpc.stream_stream(
             "/inference.GRPCInferenceService/ModelStreamInfer",
-            request_serializer=service_pb2.ModelInferRequest.SerializeToString)(self._requests())
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString)(
+                self._requests(), metadata=self.channel.metadata)
         self._reader = threading.Thread(target=self._read, name=f"rose-stream-{url}", daemon=True)
         self._reader.start()
 
@@ -111,7 +148,8 @@ class StreamConnection:
                 request.raw_input_contents.append(serialize_bytes(items))
         with self._lock:
             if self.broken is not None or self._closed:
-                fut.set_exception(ConnectionLost(f"{self.url}: stream is closed ({self.broken})"))
+                fut.set_exception(self.broken if isinstance(self.broken, AccessDenied) else
+                                  ConnectionLost(f"{self.url}: stream is closed ({self.broken})"))
                 return fut
             self._pending[rid] = fut
         self._outbox.put(request)
@@ -146,7 +184,7 @@ class StreamConnection:
                                                       f"{type(e).__name__}: {e}"))
             error: Exception = ConnectionLost(f"{self.url}: the server closed the stream")
         except grpc.RpcError as e:
-            error = ConnectionLost(f"{self.url}: {e.code().name}: {e.details()}")
+            error = _rpc_error(self.url, e)
         except Exception as e:  # pragma: no cover - defensive: never leave futures hanging
             error = ConnectionLost(f"{self.url}: {type(e).__name__}: {e}")
         with self._lock:
@@ -156,13 +194,35 @@ class StreamConnection:
             fut.set_exception(error)
 
     def close(self, wait: bool = True):
-        """Close the stream; requests still pending fail with ConnectionLost (never left hanging)."""
+        """Close the stream. On a channel of its own: the channel too, and requests still pending
+        fail with ConnectionLost (never left hanging). On a shared channel: no more requests; the
+        server answers those pending, then the stream ends."""
         with self._lock:
             self._closed = True
         self._outbox.put(None)
-        self._channel.close()
+        if self._owns_channel:
+            self.channel.close()
         if wait and threading.current_thread() is not self._reader:
             self._reader.join(5)
+
+    def cancel(self) -> None:
+        """End the stream now: the server cancels the requests still pending on it (rose drops
+        their sequences not yet computed); here they fail with ConnectionLost."""
+        with self._lock:
+            self._closed = True
+        self._outbox.put(None)
+        self._responses.cancel()
+        if self._owns_channel:
+            self.channel.close()
+
+
+def _rpc_error(url: str, e: grpc.RpcError) -> Exception:
+    """What a broken stream's gRPC error becomes: AccessDenied when the server refused the key."""
+    details = e.details() or ""
+    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or \
+            _DENIED_MARKER in details.lower():
+        return AccessDenied(f"{url}: the server refused this client's API key ({details})")
+    return ConnectionLost(f"{url}: {e.code().name}: {details}")
 
 
 def _outputs(response, contents=None) -> dict[str, np.ndarray]:

@@ -1,0 +1,67 @@
+"""One server as an EmbeddingClient sees it: its gRPC channel, the streams that calls lease on it,
+and its load and failure state. Every method is called with the client's lock held.
+
+A call leases one stream per replica for its chunks, used by no other call, and gives it back when
+it ends; a call that ends with requests still pending (cancelled, failed, timed out) cancels its
+streams instead, which makes the server cancel those requests (client.py, dispatch.py). Up to
+MAX_IDLE streams with nothing pending wait for the next call, so a steady load opens none.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rose_client.transport import Channel, StreamConnection
+
+MAX_IDLE = 64         # streams kept open per replica between calls
+
+
+@dataclass(eq=False)
+class Replica:
+    url: str
+    headers: dict[str, str] | None = field(default=None, repr=False)   # gRPC metadata: the API key
+    channel: Channel | None = None
+    idle: list = field(default_factory=list)
+    inflight_tokens: int = 0          # tokens sent and not yet answered (all calls of this client)
+    failures: int = 0                 # consecutive failures; 0 after any success
+    down_until: float = 0.0
+    last_error: str = ""
+    last_answer: float = 0.0          # monotonic time of its last answer (success or error)
+    tokens_done: int = 0              # stats: tokens / chunks answered successfully
+    chunks_done: int = 0
+    failures_total: int = 0
+
+    def lease(self) -> StreamConnection:
+        """A stream no call is using: an idle one, else a new one on the current channel."""
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.broken is None and conn.channel is self.channel:
+                return conn
+        if self.channel is None:
+            self.channel = Channel(self.url, self.headers)
+        return self.channel.stream()
+
+    def give_back(self, conn: StreamConnection) -> bool:
+        """Keep a stream with nothing pending for a later call. False: the caller closes it."""
+        if conn.broken is None and conn.channel is self.channel and conn.outstanding == 0 \
+                and len(self.idle) < MAX_IDLE:
+            self.idle.append(conn)
+            return True
+        return False
+
+    def failed(self, conn: StreamConnection, error: str, backoff: float, max_backoff: float) -> Channel | None:
+        """Count one failure per broken channel, not per stream or chunk on it: the replica is down
+        for a backoff (`backoff` doubling up to `max_backoff`) and its next stream opens a new
+        channel. Returns the old channel for the caller to close once it has let go of the lock
+        (closing fails the chunks still pending on it, whose callbacks take the lock)."""
+        if conn.channel is not self.channel or self.channel is None:
+            return None                   # this channel was already counted and dropped
+        self.failures += 1
+        self.failures_total += 1
+        self.last_error = error
+        self.down_until = time.monotonic() + min(backoff * 2 ** (self.failures - 1), max_backoff)
+        return self.drop_channel()
+
+    def drop_channel(self) -> Channel | None:
+        channel, self.channel, self.idle = self.channel, None, []
+        return channel
