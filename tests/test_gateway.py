@@ -217,7 +217,8 @@ def test_ten_megabyte_body(http):
     r = http.post("/v1/embeddings", json={"input": "a" * (10 << 20)})
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
     # without a Content-Length (chunked upload): cut off while reading
-    r = http.post("/v1/embeddings", content=iter([b'{"input": "'] + [b"a" * (1 << 20)] * 10 + [b'"}']))
+    r = http.post("/v1/embeddings", content=iter([b'{"input": "'] + [b"a" * (1 << 20)] * 10 + [b'"}']),
+                  headers={"Content-Type": "application/json"})
     assert r.status_code == 413
     assert http.post("/v1/embeddings", json={"input": "still serving"}).status_code == 200
 

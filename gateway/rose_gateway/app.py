@@ -1,12 +1,17 @@
-"""The Starlette app: routes, API-key check, body limit, error format and metrics.
+"""The Starlette app: routes, body limit, the bound on work per request, and the calls to Triton
+(endpoint.py: what every route shares; protocol.py: the HTTP connections' own limits).
 
-    app = create_app(GatewaySettings(["127.0.0.1:8001"]))      # then: uvicorn.run(app, ...)
+    app = create_app(GatewaySettings(["127.0.0.1:8001"]))      # then: uvicorn.run(app, ...) (__main__.py)
+
+Work per request is bounded by max_request_tokens (tokens summed over its inputs, as embedded:
+truncated at max_seq_length), refused with 413 before anything is sent. A request that is being
+answered chunk by chunk is never timed out as a whole: 503 comes only when Triton has answered
+none of its chunks for `timeout` seconds (rose_client's progress_timeout and chunk_timeout).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 
@@ -19,6 +24,7 @@ from starlette.routing import Route
 
 from rose_client import AsyncEmbeddingClient
 from rose_gateway.embeddings import check_dimensions, cut_dimensions, embedding_response, parse_embedding_request
+from rose_gateway.endpoint import endpoint
 from rose_gateway.errors import ApiError, bad_request, from_triton, too_large, unavailable
 from rose_gateway.metrics import GatewayMetrics
 from rose_gateway.rerank import Reranker, parse_rerank_request, rerank_response
@@ -48,11 +54,12 @@ class Gateway:
     async def lifespan(self, _app):
         s = self.settings
         # a replica set that is down answers 503 within a few tenths of a second (3 tries, 0.05 s
-        # backoff doubling), and a replica that comes back is tried again within a second
-        self.client = AsyncEmbeddingClient(s.triton_urls, timeout=s.timeout, retries=3, backoff=0.05,
-                                           max_backoff=1.0, chunk_timeout=s.timeout)
-        self.state = TritonState(s.triton_urls)
-        self.reranker = Reranker(s.triton_urls, s.timeout, s.retry_after)
+        # backoff doubling), and a replica that comes back is tried again within a second; a call
+        # fails only once Triton has answered none of its chunks for `timeout` seconds
+        self.client = AsyncEmbeddingClient(s.triton_urls, timeout=None, progress_timeout=s.timeout, retries=3,
+                                           backoff=0.05, max_backoff=1.0, chunk_timeout=s.timeout, api_key=s.api_key)
+        self.state = TritonState(s.triton_urls, api_key=s.api_key, admin_key=s.admin_key)
+        self.reranker = Reranker(s.triton_urls, s.timeout, s.retry_after, api_key=s.api_key)
         try:
             yield
         finally:
@@ -61,27 +68,6 @@ class Gateway:
             await self.client.close()
 
     # ------------------------------------------------------------------------- request plumbing
-    def endpoint(self, name: str, handler, auth: bool = True):
-        """Wrap a handler: API key, error format, metrics. Unexpected errors answer 500 without a trace."""
-        key = self.settings.api_key
-
-        async def run(request: Request) -> Response:
-            t0 = time.perf_counter()
-            try:
-                if auth and key is not None:
-                    check_key(request, key)
-                response = await handler(request)
-            except ApiError as e:
-                response = e.response()
-                if e.status >= 500 or e.code == "server_refused":
-                    log.warning("%s: %d %s", name, e.status, e.message)
-            except Exception:
-                log.exception("%s failed", name)
-                response = ApiError(500, "internal error in the gateway (see its log)", code="internal_error").response()
-            self.metrics.observe(name, response.status_code, time.perf_counter() - t0)
-            return response
-        return run
-
     async def read_json(self, request: Request) -> object:
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
@@ -109,27 +95,32 @@ class Gateway:
         self.check_model(req.model)
         if req.texts is None:                        # token ids: Matryoshka cut here (see embeddings.py)
             check_dimensions(req.dimensions, self.model.normalizes)
-        if req.texts is not None:
-            await self._learn_server_settings()
-            self.model.check_task(req.task)
-            counts_first = not req.truncate or len(req.texts) > COUNT_INLINE
-            counts = await self._count(req) if counts_first else None
-            call = asyncio.ensure_future(self._embed_texts(req))
-            if counts is None:
-                await asyncio.sleep(0)               # let the call go out, then count while it runs
-                try:
-                    counts = self.model.count_texts(req.texts, req.task, True)
-                except BaseException:
-                    call.cancel()
-                    raise
-        else:
             token_lists = self.model.cut_token_lists(req.token_lists, req.truncate)
             counts = [len(t) for t in token_lists]
+            self.check_work(sum(counts))
             call = asyncio.ensure_future(self.client.embed_tokens(token_lists))
+        else:
+            await self._learn_server_settings()
+            self.model.check_task(req.task)
+            counts_first = not req.truncate or len(req.texts) > COUNT_INLINE or \
+                self.model.most_tokens(req.texts, req.task) > self.settings.max_request_tokens
+            counts = await self._count(req) if counts_first else None
+            if counts is not None:
+                self.check_work(sum(counts))
+            call = asyncio.ensure_future(self._embed_texts(req))
         try:
+            if counts is None:
+                await asyncio.sleep(0)               # let the call go out, then count while it runs
+                counts = self.model.count_texts(req.texts, req.task, True)
             emb = await call
         except Exception as e:
-            raise from_triton(e, self.settings.retry_after) from None
+            call.cancel()
+            if isinstance(e, ApiError):
+                raise
+            raise from_triton(e, self.settings.triton_urls, self.settings.retry_after) from None
+        except BaseException:                        # cancelled: the client is gone, or the gateway stops
+            call.cancel()
+            raise
         if req.texts is None:
             emb = cut_dimensions(emb, req.dimensions, self.model.normalizes)
         tokens = sum(counts)
@@ -137,6 +128,12 @@ class Gateway:
         self.metrics.tokens.inc(tokens)
         return Response(embedding_response(emb, req.encoding_format, self.name, tokens),
                         media_type="application/json")
+
+    def check_work(self, tokens: int) -> None:
+        limit = self.settings.max_request_tokens
+        if tokens > limit:
+            raise too_large("input", f"the request has {tokens} tokens to embed; this gateway takes at most {limit} "
+                                     "per request (max_request_tokens): split it")
 
     async def _embed_texts(self, req):
         """Texts through `embed`; `dimensions` goes to the server's DIMENSIONS input (first d values,
@@ -164,9 +161,8 @@ class Gateway:
     async def rerank(self, request: Request) -> Response:
         body = await self.read_json(request)
         if not await self.state.serves_rerank():
-            raise ApiError(404, "this deployment serves no reranker (no ready `rerank` model on "
-                                f"{', '.join(self.settings.triton_urls)}); serve a reranker folder to use /v1/rerank",
-                           code="model_not_found")
+            raise ApiError(404, "this deployment serves no reranker (no replica has a ready `rerank` model); "
+                                "serve a reranker folder to use /v1/rerank", code="model_not_found")
         req = parse_rerank_request(body, self.settings.max_inputs)
         scores = await self.reranker.scores(req)
         return JSONResponse(rerank_response(req, scores, req.model or "rerank"))
@@ -189,14 +185,6 @@ class Gateway:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 
-def check_key(request: Request, key: str) -> None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'" if auth else
-                       "this gateway needs an API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-
-
 async def _http_error(_request: Request, exc: HTTPException) -> Response:
     msg = {404: "no such route; this gateway serves POST /v1/embeddings, POST /v1/rerank, GET /v1/models, "
                 "GET /health and GET /metrics",
@@ -206,14 +194,19 @@ async def _http_error(_request: Request, exc: HTTPException) -> Response:
 
 def create_app(settings: GatewaySettings) -> Starlette:
     gw = Gateway(settings)
+
+    def route(path, name, handler, method, auth=True):
+        return Route(path, endpoint(name, handler, gw.metrics, settings.api_key, auth=auth, json_body=method == "POST",
+                                    retry_after=settings.retry_after), methods=[method])
+
     routes = [
-        Route("/v1/embeddings", gw.endpoint("embeddings", gw.embeddings), methods=["POST"]),
-        Route("/embeddings", gw.endpoint("embeddings", gw.embeddings), methods=["POST"]),
-        Route("/v1/rerank", gw.endpoint("rerank", gw.rerank), methods=["POST"]),
-        Route("/rerank", gw.endpoint("rerank", gw.rerank), methods=["POST"]),
-        Route("/v1/models", gw.endpoint("models", gw.models), methods=["GET"]),
-        Route("/health", gw.endpoint("health", gw.health, auth=False), methods=["GET"]),
-        Route("/metrics", gw.endpoint("metrics", gw.metrics_page, auth=False), methods=["GET"]),
+        route("/v1/embeddings", "embeddings", gw.embeddings, "POST"),
+        route("/embeddings", "embeddings", gw.embeddings, "POST"),
+        route("/v1/rerank", "rerank", gw.rerank, "POST"),
+        route("/rerank", "rerank", gw.rerank, "POST"),
+        route("/v1/models", "models", gw.models, "GET"),
+        route("/health", "health", gw.health, "GET", auth=False),
+        route("/metrics", "metrics", gw.metrics_page, "GET", auth=False),
     ]
     app = Starlette(routes=routes, lifespan=gw.lifespan, exception_handlers={HTTPException: _http_error})
     app.state.gateway = gw

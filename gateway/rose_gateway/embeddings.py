@@ -4,6 +4,9 @@
      "dimensions": 128, "encoding_format": "float" | "base64",
      "task": "query", "truncate": true}          <- rose's extensions; unknown fields are ignored
 
+Integers are checked against the range the server takes before anything converts them (the
+server's inputs are int32): `dimensions` 1 .. 2^31 - 1, token ids 0 .. 2^31 - 1; 400 naming the field.
+
 `dimensions`: Matryoshka truncation. Texts: the server's DIMENSIONS input (the first d values,
 normalised again when the model normalises). Token ids (the client sends `rose` no DIMENSIONS): the
 gateway keeps the first d values and renormalises them, which matches the server only for a model
@@ -24,7 +27,8 @@ import orjson
 from rose_gateway.errors import bad_request, too_large
 
 ENCODINGS = ("float", "base64")
-MAX_TOKEN_ID = (1 << 31) - 1
+MAX_INT32 = (1 << 31) - 1
+MAX_TOKEN_ID = MAX_INT32
 
 
 @dataclass(slots=True)
@@ -53,19 +57,20 @@ def parse_embedding_request(body: object, max_inputs: int) -> EmbeddingRequest:
     if model is not None and not isinstance(model, str):
         raise bad_request("model", f"'model' must be a string, got {_kind(model)}")
     dims = body.get("dimensions")
-    if dims is not None and (not _is_int(dims) or dims < 1):
-        raise bad_request("dimensions", f"'dimensions' must be a positive integer, got {json.dumps(dims)}")
+    if dims is not None and (not _is_int(dims) or not 1 <= dims <= MAX_INT32):
+        raise bad_request("dimensions", f"'dimensions' must be a positive integer (at most {MAX_INT32}), "
+                                        f"got {_show(dims)}")
     enc = body.get("encoding_format") or "float"
     if enc not in ENCODINGS:
-        raise bad_request("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {json.dumps(enc)}")
+        raise bad_request("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {_show(enc)}")
     task = body.get("task")
     if task is not None and (not isinstance(task, str) or not task):
-        raise bad_request("task", f"'task' must be a non-empty string (a prompt name), got {json.dumps(task)}")
+        raise bad_request("task", f"'task' must be a non-empty string (a prompt name), got {_show(task)}")
     truncate = body.get("truncate", True)
     if truncate is None:
         truncate = True
     if not isinstance(truncate, bool):
-        raise bad_request("truncate", f"'truncate' must be true or false, got {json.dumps(truncate)}")
+        raise bad_request("truncate", f"'truncate' must be true or false, got {_show(truncate)}")
     return EmbeddingRequest(texts, token_lists, model, dims, enc, task, truncate)
 
 
@@ -107,7 +112,14 @@ def _check_ids(ids: list, where: str) -> None:
         raise bad_request(where, f"{where} is an empty list of token ids")
     for j, t in enumerate(ids):
         if not _is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
-            raise bad_request(where, f"{where}[{j}] = {json.dumps(t)} is not a token id (an integer >= 0)")
+            raise bad_request(where, f"{where}[{j}] = {_show(t)} is not a token id (an integer from 0 to "
+                                     f"{MAX_TOKEN_ID})")
+
+
+def _show(v) -> str:
+    """A JSON value for an error message, cut to 40 characters."""
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _is_int(v) -> bool:

@@ -3,19 +3,31 @@
     {"error": {"message": "...", "type": "invalid_request_error", "param": "input", "code": null}}
 
 400 bad input (naming the field in `param` and in the message), 401 missing / wrong API key,
-404 unknown model or route, 413 a request over the limits, 503 (with Retry-After) when Triton is
-overloaded or no replica answers. Messages never carry a stack trace.
+404 unknown model or route, 408 a request not sent in time, 413 a request over the limits, 415 a
+body that is not declared JSON, 431 headers over the limits, 503 (with Retry-After) when Triton is
+overloaded, no replica answers, or the connection cap is reached. Messages never carry a stack
+trace, a key, or an internal address: replicas are named "replica 0", "replica 1", ... in the order
+of --triton-urls (the gateway's log keeps their addresses).
 """
 from __future__ import annotations
 
+import http
 import json
+import re
 
 from starlette.responses import Response
 
-from rose_client import AllReplicasDown, ConnectionLost, ServerError
+from rose_client import AccessDenied, AllReplicasDown, ConnectionLost, ServerError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "request_too_large", 500: "server_error", 503: "service_unavailable"}
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "request_too_large",
+          415: "invalid_request_error", 431: "request_too_large", 500: "server_error", 503: "service_unavailable"}
+# what is left of an address once the replicas' own urls are replaced: host:port, ipv4:/ipv6: forms
+_ADDRESS = re.compile(r"(?:ipv[46]:)?(?:\[[0-9a-fA-F:.%\w]*\]|[\w.-]+):\d{2,5}\b")
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
 
 
 class ApiError(Exception):
@@ -26,10 +38,19 @@ class ApiError(Exception):
         self.retry_after = retry_after
 
     def response(self) -> Response:
-        body = {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-        return Response(json.dumps(body), self.status, headers, media_type="application/json")
+        return Response(json.dumps(error_body(self.status, self.message, self.param, self.code)), self.status,
+                        headers, media_type="application/json")
+
+
+def raw_error_response(status: int, message: str, code: str, retry_after: int | None = None) -> bytes:
+    """A whole HTTP/1.1 error response, for the connection to write itself (protocol.py)."""
+    body = json.dumps(error_body(status, message, None, code)).encode()
+    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "content-type: application/json",
+            f"content-length: {len(body)}", "connection: close"]
+    if retry_after is not None:
+        head.append(f"retry-after: {retry_after}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
 
 
 def bad_request(param: str, message: str) -> ApiError:
@@ -44,12 +65,23 @@ def unavailable(message: str, retry_after: int = 1) -> ApiError:
     return ApiError(503, message, code="service_unavailable", retry_after=retry_after)
 
 
-def from_triton(exc: BaseException, retry_after: int = 1) -> ApiError:
-    """What a failure of rose_client becomes. Server messages name the replica (host:port); they are
-    kept, since the gateway's callers are the operators' own applications."""
+def redact(text: str, urls: list[str]) -> str:
+    """`text` with each replica's url as "replica i", and any other host:port as "<address>"."""
+    for i, url in enumerate(urls):
+        text = text.replace(url, f"replica {i}")
+    return _ADDRESS.sub("<address>", text)
+
+
+def from_triton(exc: BaseException, urls: list[str], retry_after: int = 1) -> ApiError:
+    """What a failure of rose_client becomes, its message without internal addresses."""
+    if isinstance(exc, AccessDenied):
+        return unavailable("the embedding server refused the gateway's API key (the gateway's API_KEY must be "
+                           "the deployment's)", retry_after)
     if isinstance(exc, ServerError) and not exc.retryable:
         param = "dimensions" if "DIMENSIONS" in str(exc) else "input"
-        return ApiError(400, f"the server refused the input: {exc}", param=param, code="server_refused")
+        return ApiError(400, f"the server refused the input: {redact(str(exc), urls)}", param=param,
+                        code="server_refused")
     if isinstance(exc, (ServerError, AllReplicasDown, ConnectionLost, ConnectionError, TimeoutError)):
-        return unavailable(f"the embedding server is unavailable or overloaded, retry later ({exc})", retry_after)
+        return unavailable(f"the embedding server is unavailable or overloaded, retry later ({redact(str(exc), urls)})",
+                           retry_after)
     return ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error")

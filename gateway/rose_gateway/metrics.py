@@ -1,4 +1,8 @@
-"""The gateway's Prometheus metrics (GET /metrics), in a registry of its own per app."""
+"""The gateway's Prometheus metrics (GET /metrics), in a registry of its own per app.
+
+rose_gateway_requests_total{endpoint, status}: status 499 counts requests whose client went away
+before the answer; endpoint "connection" counts what the HTTP connections refused themselves
+(protocol.py: 400 malformed, 408 too slow, 431 headers too large, 503 connection cap)."""
 from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -27,6 +31,9 @@ class GatewayMetrics:
         if status >= 400:
             self.errors.labels(endpoint, str(status)).inc()
         self.latency.labels(endpoint).observe(seconds)
+
+    def refused(self, status: int) -> None:
+        self.observe("connection", status, 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rose_client import ServerError, StreamConnection
+from rose_client.auth import grpc_api_key_headers
 from rose_gateway.errors import bad_request, from_triton, too_large
+
+MAX_INT32 = (1 << 31) - 1
 
 
 @dataclass(slots=True)
@@ -49,8 +52,10 @@ def parse_rerank_request(body: object, max_inputs: int) -> RerankRequest:
             raise bad_request(f"documents[{i}]", f"documents[{i}] must be a non-empty string or {{\"text\": \"...\"}}")
         texts.append(t)
     top_n = body.get("top_n", body.get("top_k"))
-    if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
-        raise bad_request("top_n", f"'top_n' must be a positive integer, got {json.dumps(top_n)}")
+    if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or not 1 <= top_n <= MAX_INT32):
+        shown = json.dumps(top_n)
+        raise bad_request("top_n", f"'top_n' must be a positive integer (at most {MAX_INT32}), got "
+                                   f"{shown if len(shown) <= 40 else shown[:37] + '...'}")
     ret = body.get("return_documents", True)
     if not isinstance(ret, bool):
         raise bad_request("return_documents", "'return_documents' must be true or false")
@@ -61,8 +66,9 @@ def parse_rerank_request(body: object, max_inputs: int) -> RerankRequest:
 
 
 class Reranker:
-    def __init__(self, urls: list[str], timeout: float, retry_after: int):
+    def __init__(self, urls: list[str], timeout: float, retry_after: int, api_key: str | None = None):
         self.urls, self.timeout, self.retry_after = urls, timeout, retry_after
+        self._headers = grpc_api_key_headers(api_key)
         self._conns: dict[str, StreamConnection] = {}
         self._next = 0
 
@@ -72,13 +78,13 @@ class Reranker:
             url = self.urls[(self._next + k) % len(self.urls)]
             conn = self._conns.get(url)
             if conn is None or conn.broken is not None:
-                conn = self._conns[url] = StreamConnection(url)
+                conn = self._conns[url] = StreamConnection(url, headers=self._headers)
             fut = conn.infer("rerank", [("QUERY", [req.query]), ("DOCUMENTS", req.documents)])
             try:
                 out = await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
             except ServerError as e:
                 if not e.retryable:
-                    raise from_triton(e) from None
+                    raise from_triton(e, self.urls, self.retry_after) from None
                 if e.server_leaving:                       # let a stopping server exit
                     conn.close(wait=False)
                 last = e
@@ -90,9 +96,10 @@ class Reranker:
             self._next = (self._next + k + 1) % len(self.urls)
             scores = out.get("SCORES")
             if scores is None or scores.reshape(-1).shape[0] != len(req.documents):
-                raise from_triton(RuntimeError("the rerank model answered without one SCORES value per document"))
+                raise from_triton(RuntimeError("the rerank model answered without one SCORES value per document"),
+                                  self.urls)
             return scores.reshape(-1)
-        raise from_triton(last or ConnectionError("no replica"), self.retry_after)
+        raise from_triton(last or ConnectionError("no replica"), self.urls, self.retry_after)
 
     def close(self) -> None:
         for c in self._conns.values():

@@ -1,11 +1,20 @@
-"""The gateway's settings: one dataclass, filled from the command line or the environment."""
+"""The gateway's settings: one dataclass, filled from the command line or the environment.
+
+Keys are never taken from the command line (a process listing shows it): the API key comes from
+$API_KEY or a file (--api-key-file), Triton's admin key from $ROSE_ADMIN_KEY. The API key is
+checked on /v1/* (Authorization: Bearer) and sent to Triton on every request; the admin key only on
+the gateway's model-config request (Triton's control plane).
+"""
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from rose_client.client import parse_urls
+
+INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(slots=True)
@@ -13,41 +22,88 @@ class GatewaySettings:
     triton_urls: list[str]
     host: str = "127.0.0.1"
     port: int = 8080
-    api_key: str | None = None          # Bearer token required on /v1/* when set
+    api_key: str | None = field(default=None, repr=False)      # Bearer token on /v1/*, and Triton's key
+    admin_key: str | None = field(default=None, repr=False)    # Triton's control plane (model config)
     model_dir: str | None = None        # the served model's folder (default: the default model)
     served_model_name: str | None = None    # default: the folder's name
     max_body_bytes: int = 8 << 20       # larger bodies: 413
     max_inputs: int = 2048              # inputs per request (OpenAI's limit); more: 413
-    timeout: float = 60.0               # seconds per request to Triton
+    max_request_tokens: int = 300_000   # tokens per request, summed over its inputs (OpenAI's limit); more: 413
+    timeout: float = 60.0               # seconds without an answer from Triton before 503 (a chunk, a request)
     retry_after: int = 1                # Retry-After seconds on 503
+    max_connections: int | None = None  # open HTTP connections; more: 503 (None: 1024, less if RLIMIT_NOFILE is low)
+    header_timeout: float = 5.0         # seconds to receive a request's line and headers; then 408 / closed
+    body_timeout: float = 10.0          # seconds to receive a body, plus its size / min_body_rate; then 408
+    min_body_rate: int = 65536          # bytes per second a large body must keep up
+    max_header_bytes: int = 32768       # request line and headers together; more: 431
+    max_headers: int = 100              # header fields per request; more: 431
+    keep_alive: float = 30.0            # seconds an idle keep-alive connection is kept
+    drain_timeout: float = 10.0         # seconds requests in flight get to finish on SIGTERM
 
     def __post_init__(self):
         self.triton_urls = parse_urls(self.triton_urls)
-        if self.max_body_bytes < 1024 or self.max_inputs < 1 or self.timeout <= 0:
-            raise ValueError("max_body_bytes must be >= 1024, max_inputs >= 1 and timeout > 0")
+        if self.max_body_bytes < 1024 or self.max_inputs < 1 or self.timeout <= 0 or self.max_request_tokens < 1:
+            raise ValueError("max_body_bytes must be >= 1024, max_inputs and max_request_tokens >= 1, and timeout > 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        if min(self.header_timeout, self.body_timeout, self.keep_alive) <= 0 or self.drain_timeout < 0:
+            raise ValueError("header_timeout, body_timeout and keep_alive must be > 0, drain_timeout >= 0")
+        if self.min_body_rate < 1 or self.max_header_bytes < 1024 or self.max_headers < 8:
+            raise ValueError("min_body_rate must be >= 1, max_header_bytes >= 1024 and max_headers >= 8")
+
+
+def read_key_file(path: str) -> str:
+    """The key in a file (its first line, stripped); ValueError naming the file (never the key)."""
+    try:
+        lines = Path(path).read_text().strip().splitlines()
+    except OSError as e:
+        raise ValueError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ValueError(f"--api-key-file {path}: the file is empty")
+    return key
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
     env = os.environ
     p = argparse.ArgumentParser(prog="python -m rose_gateway",
-                                description="OpenAI-compatible HTTP gateway in front of rose's Triton servers")
+                                description="OpenAI-compatible HTTP gateway in front of rose's Triton servers. "
+                                            "API key: $API_KEY or --api-key-file; Triton's admin key: $ROSE_ADMIN_KEY")
     p.add_argument("--triton-urls", default=env.get("TRITON_URLS", "127.0.0.1:8001"),
                    help="gRPC host:port of each Triton replica, comma-separated ($TRITON_URLS)")
     p.add_argument("--host", default=env.get("ADDRESS", "127.0.0.1"), help="address to bind ($ADDRESS)")
     p.add_argument("--port", type=int, default=int(env.get("GATEWAY_PORT") or 8080), help="($GATEWAY_PORT)")
-    p.add_argument("--api-key", default=env.get("API_KEY") or None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* ($API_KEY)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="a file holding the API key (else $API_KEY): required as 'Authorization: Bearer KEY' "
+                        "on /v1/*, and sent to Triton")
     p.add_argument("--model", dest="model_dir", default=env.get("MODEL") or None,
                    help="the served model's folder, for token counts ($MODEL; default: the default model)")
     p.add_argument("--served-model-name", default=None, help="model id in /v1/models (default: the folder's name)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20)
     p.add_argument("--max-inputs", type=int, default=2048)
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--max-request-tokens", type=int, default=300_000,
+                   help="tokens per request over all its inputs (default 300000, OpenAI's); more: 413")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds without an answer from Triton before a request fails over or answers 503")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open HTTP connections (default 1024, fewer when the file limit is low); more: 503")
+    p.add_argument("--header-timeout", type=float, default=5.0, help="seconds to send a request's headers")
+    p.add_argument("--body-timeout", type=float, default=10.0,
+                   help="seconds to send a request body, plus its size / --min-body-rate")
+    p.add_argument("--min-body-rate", type=int, default=65536, help="bytes per second (see --body-timeout)")
+    p.add_argument("--max-header-bytes", type=int, default=32768)
+    p.add_argument("--max-headers", type=int, default=100)
+    p.add_argument("--keep-alive", type=float, default=30.0, help="seconds an idle connection is kept open")
+    p.add_argument("--drain-timeout", type=float, default=10.0,
+                   help="seconds requests in flight get to finish on SIGTERM before the gateway exits")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--owner", default=None, help="a label naming who started this gateway, for process "
                    "listings only (GatewayProcess passes rose_<its pid>_, the prefix the tests' leak check looks for)")
     args = vars(p.parse_args(argv))
     log_level = args.pop("log_level")
     args.pop("owner")
+    key_file = args.pop("api_key_file")
+    args["api_key"] = read_key_file(key_file) if key_file else (env.get("API_KEY") or None)
+    args["admin_key"] = env.get("ROSE_ADMIN_KEY") or None
     settings = GatewaySettings(**args)
     return settings, log_level

@@ -69,6 +69,13 @@ class ModelInfo:
             self.check_lengths(counts)
         return [min(n, self.max_seq_length) for n in counts]
 
+    def most_tokens(self, texts: list[str], task: str | None) -> int:
+        """At least the tokens `texts` are embedded with (truncated), without tokenizing them: a token
+        covers one byte of UTF-8 or more, a character is at most 4 bytes, and a few special tokens."""
+        prompt = self.prompts.get(task or self.default_prompt_name or "", "")
+        extra, m = 4 * len(prompt) + 8, self.max_seq_length
+        return sum(min(m, 4 * len(t) + extra) for t in texts)
+
     def cut_token_lists(self, token_lists: list[list[int]], truncate: bool) -> list[list[int]]:
         if not truncate:
             self.check_lengths([len(t) for t in token_lists])

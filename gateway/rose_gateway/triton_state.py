@@ -1,18 +1,28 @@
 """What the Triton replicas serve right now: readiness for GET /health, and whether a `rerank` model
-is there (looked up at most every `cache_s` seconds), through tritonclient's asyncio gRPC client."""
+is there (looked up at most every `cache_s` seconds), through tritonclient's asyncio gRPC client.
+Every call carries the API key; the model-config request (Triton's control plane) the admin key too.
+Replicas are named "replica 0", "replica 1", ... in what this reports (no internal addresses)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from tritonclient.grpc.aio import InferenceServerClient
 
+from rose_client.auth import grpc_admin_headers, grpc_api_key_headers
+from rose_gateway.errors import redact
+
 EMBED_MODELS = ("embed", "tokenize", "rose")
+log = logging.getLogger("rose_gateway")
 
 
 class TritonState:
-    def __init__(self, urls: list[str], timeout: float = 2.0, cache_s: float = 5.0):
+    def __init__(self, urls: list[str], timeout: float = 2.0, cache_s: float = 5.0, api_key: str | None = None,
+                 admin_key: str | None = None):
         self.urls, self.timeout, self.cache_s = urls, timeout, cache_s
+        self._headers = grpc_api_key_headers(api_key)
+        self._admin_headers = grpc_admin_headers(admin_key, api_key)
         self._clients: dict[str, InferenceServerClient] = {}
         self._rerank: tuple[float, bool] = (-1e9, False)
 
@@ -28,10 +38,12 @@ class TritonState:
         try:
             c = self._client(url)
             flags = await asyncio.wait_for(asyncio.gather(
-                *(c.is_model_ready(m, client_timeout=self.timeout) for m in models)), self.timeout + 0.5)
+                *(c.is_model_ready(m, headers=self._headers, client_timeout=self.timeout) for m in models)),
+                self.timeout + 0.5)
         except Exception as e:                      # unreachable, timeout: the message is enough
             await self._drop(url)                   # a fresh channel next time, not one in gRPC's backoff
-            return f"unreachable ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            return f"unreachable ({type(e).__name__}: {redact(first, self.urls)})"
         missing = [m for m, ok in zip(models, flags) if not ok]
         return "ready" if not missing else f"models not ready: {', '.join(missing)}"
 
@@ -40,16 +52,20 @@ class TritonState:
         ...) from the first replica that answers; None when none does."""
         for url in self.urls:
             try:
-                cfg = await self._client(url).get_model_config("tokenize", as_json=True, client_timeout=self.timeout)
-            except Exception:
+                cfg = await self._client(url).get_model_config("tokenize", headers=self._admin_headers, as_json=True,
+                                                               client_timeout=self.timeout)
+            except Exception as e:
+                log.warning("the tokenize settings of %s are not available (%s)", url, str(e).splitlines()[0][:300]
+                            if str(e) else type(e).__name__)
                 await self._drop(url)
                 continue
             return cfg.get("config", cfg)
         return None
 
     async def health(self) -> dict[str, str]:
+        """{"replica 0": "ready" or why not, ...}"""
         states = await asyncio.gather(*(self.replica_status(u) for u in self.urls))
-        return dict(zip(self.urls, states))
+        return {f"replica {i}": state for i, state in enumerate(states)}
 
     async def serves_rerank(self) -> bool:
         at, ok = self._rerank

@@ -1,0 +1,91 @@
+"""What every route shares: the API-key check, the JSON content type of a POST, the error format,
+metrics, and what happens when the client goes away.
+
+A client gone mid-request (a reset while it sends the body, or before the answer) is no error of
+the gateway's: no traceback, no 500, counted as status 499. While a handler waits for Triton, the
+connection (protocol.py) calls back when its client disconnects: the handler's task is cancelled,
+which cancels the request's calls to Triton (rose_client stops sending its chunks and cancels its
+streams). A handler cancelled because the gateway is stopping (its drain timeout ran out)
+answers 503.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from rose_gateway.errors import ApiError
+from rose_gateway.metrics import GatewayMetrics
+from rose_gateway.protocol import ANSWERED, DISCONNECT
+
+log = logging.getLogger("rose_gateway")
+GONE = 499                      # the status a request whose client went away is counted with
+
+
+def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth: bool = True,
+             json_body: bool = False, retry_after: int = 1):
+    """Wrap a handler: API key, content type, error format, metrics, disconnects. Unexpected
+    errors answer 500 without a trace (the log has it)."""
+
+    async def run(request: Request) -> Response:
+        t0 = time.perf_counter()
+        task = asyncio.current_task()
+        gone = []
+        callbacks = request.scope.get(DISCONNECT)
+
+        def client_gone():
+            gone.append(True)
+            task.cancel()
+
+        if callbacks is not None:
+            callbacks.append(client_gone)
+        try:
+            if auth and key is not None:
+                check_key(request, key)
+            if json_body:
+                check_json(request)
+            response = await handler(request)
+        except ApiError as e:
+            response = e.response()
+            if e.status >= 500 or e.code == "server_refused":
+                log.warning("%s: %d %s", name, e.status, e.message)
+        except ClientDisconnect:
+            response = Response(status_code=GONE)
+        except asyncio.CancelledError:
+            task.uncancel()
+            if gone:
+                response = Response(status_code=GONE)
+            else:                                     # the gateway is stopping and its drain time is over
+                response = ApiError(503, "the gateway is shutting down; retry later", code="service_unavailable",
+                                    retry_after=retry_after).response()
+        except Exception:
+            log.exception("%s failed", name)
+            response = ApiError(500, "internal error in the gateway (see its log)", code="internal_error").response()
+        finally:
+            if callbacks is not None and client_gone in callbacks:
+                callbacks.remove(client_gone)
+        if ANSWERED not in request.scope:            # else the connection answered (408) and counted it
+            metrics.observe(name, response.status_code, time.perf_counter() - t0)
+        return response
+    return run
+
+
+def check_key(request: Request, key: str) -> None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'" if auth else
+                       "this gateway needs an API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+
+def check_json(request: Request) -> None:
+    """415 naming the header unless the body is declared JSON (a cross-origin form post cannot be)."""
+    declared = request.headers.get("content-type")
+    if declared is None or declared.split(";", 1)[0].strip().lower() != "application/json":
+        got = "none" if declared is None else repr(declared if len(declared) <= 60 else declared[:57] + "...")
+        raise ApiError(415, f"the request body must be sent with the header 'Content-Type: application/json' "
+                            f"(got {got})", param="Content-Type", code="unsupported_media_type")
