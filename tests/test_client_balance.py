@@ -5,7 +5,7 @@ Each replica is one tritonserver with one CPU thread (OMP_NUM_THREADS=1; the ses
 of tests/conftest.py), so that on this 2-core machine two replicas are two independent workers, as
 two GPUs would be. CI runs a scaled-down
 workload (128-token sequences, 25 per large request); the full shape, whose numbers are in
-benchmarks/results/client_balance.json, is
+benchmarks/results/client-balance/minilm-cpu.json, is
 
     ROSE_BALANCE_FULL=1 .venv/bin/python -m pytest -q -s tests/test_client_balance.py
 
@@ -32,7 +32,7 @@ from server import LOG_DIR
 pytestmark = pytest.mark.server
 FULL = os.environ.get("ROSE_BALANCE_FULL") == "1"
 R = int(os.environ.get("ROSE_BALANCE_REPLICAS", "2"))
-RESULT = LOG_DIR / "client_balance.json"        # copied by hand to benchmarks/results/ when it replaces those numbers
+RESULT = LOG_DIR / "client_balance.json"        # copied by hand to benchmarks/results/client-balance/minilm-cpu.json when it replaces those numbers
 
 
 def workload(full: bool) -> tuple[list[list[int]], int]:

@@ -107,7 +107,7 @@ def test_killing_a_stub_leaves_nothing_behind(small_server, model):
 
 
 def rejected_then_cancelled(url: str) -> None:
-    """The recipe of issue 15: requests Triton rejects before `rose` sees them, a good one and a
+    """The rejected-and-cancelled recipe: requests Triton rejects before `rose` sees them, a good one and a
     long one in flight, then stop_stream(cancel_requests=True) as a client that gives up."""
     import tritonclient.grpc as grpcclient
 

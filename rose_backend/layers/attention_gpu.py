@@ -120,8 +120,8 @@ class FlashInferBackend(AttentionBackend):
     max_tokens = 8192 * max(1, float_workspace_bytes // (256 << 20))
     int_workspace_bytes = (8 << 20) * max(1, float_workspace_bytes // (256 << 20))
     # plan() schedules the batch in Python and copies the schedule to the device: the engine's
-    # "planned" stage took 396 us p50 with fa3 on the H200 host (benchmarks/results/h200/
-    # host_path_before.json), about 60 us of it the engine's own work around the plan.
+    # "planned" stage took 396 us p50 with fa3 on the H200 host (benchmarks/
+    # RESULTS-host-path.md, at 9679ade), about 60 us of it the engine's own work around the plan.
     host_plan_us = 330.0
 
     @classmethod

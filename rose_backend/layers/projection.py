@@ -2,8 +2,8 @@
 
 At 128-256 tokens cuBLAS leaves most SMs idle on these narrow GEMMs (N = hidden size, K up to
 4096); the split-K kernel (layers/splitk_gemm.py) measured 8.5 -> 5.1 us for BGE-M3's `down` and
-5.6 -> 4.0 us for pplx-embed's `o` at 128 tokens on the H200 (benchmarks/results/h200/
-gemm_splitk.json), and was slower from 512 tokens on. It returns fp32 partial products; the
+5.6 -> 4.0 us for pplx-embed's `o` at 128 tokens on the H200 (benchmarks/results/
+gemm-sweep-splitk/bge-m3-pplx-embed-h200.json), and was slower from 512 tokens on. It returns fp32 partial products; the
 add + norm that follows (layers/norm.py) sums them with the bias and the residual in one pass, so
 the split adds no kernel, and the projection's output is never rounded to bf16.
 
