@@ -577,10 +577,13 @@ def ratio_stats(mine: list[float], ref: list[float]) -> dict:
 
 def speed_worker(spec: dict) -> dict:
     """Runs in a child process under the thread setting chosen by its environment."""
+    if spec.get("cpus"):            # before any library starts its threads: they see these cores only
+        os.sched_setaffinity(0, spec["cpus"])
     corpus = json.loads(Path(spec["corpus"]).read_text(encoding="utf-8"))
     rng = random.Random(spec["seed"])
     target_s, rounds = spec["target_s"], spec["rounds"]
-    out = {"env": {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}, "tokenizers": {}}
+    out = {"env": {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
+           "cpus": sorted(os.sched_getaffinity(0)), "loadavg_before": os.getloadavg(), "tokenizers": {}}
     for tname, path in spec["paths"].items():
         adapters = {}
         for a in ADAPTERS:
@@ -618,18 +621,21 @@ def speed_worker(spec: dict) -> dict:
                 cell[n] = {"us_per_call": round(statistics.median(t["s"]) / inner * 1e6, 2),
                            "vs_tokenizers": ratio_stats(t["s"], times["tokenizers"]["s"]),
                            "vs_tokenizers_fast": ratio_stats(t["s"], times["tokenizers-fast"]["s"])}
+    out["loadavg_after"] = os.getloadavg()
     return out
 
 
 def run_speed(work: Path, paths: dict[str, Path], corpus: list[dict], threads: int | None, args) -> dict:
-    """speed_worker in a child process: threads=1 pins every library to one thread (rayon and
-    tokenizers' own switch), None leaves each its own parallelism (all cores)."""
+    """speed_worker in a child process: threads=1 pins the process to one core (CPU affinity: some
+    libraries start threads of their own whatever RAYON_NUM_THREADS says) and sets rayon's and
+    tokenizers' switches; None leaves each library its own parallelism on all cores."""
     corpus_path = work / "corpus.json"
     if not corpus_path.exists():
         corpus_path.write_text(json.dumps(corpus, ensure_ascii=False), encoding="utf-8")
     spec = {"corpus": str(corpus_path), "paths": {k: str(v) for k, v in paths.items()}, "seed": args.seed,
             "rounds": args.rounds, "target_s": args.target_ms / 1e3,
-            "batch_sizes": {str(k): max(1, v // (4 if args.quick else 1)) for k, v in BATCH_SIZES.items()}}
+            "batch_sizes": {str(k): max(1, v // (4 if args.quick else 1)) for k, v in BATCH_SIZES.items()},
+            "cpus": sorted(os.sched_getaffinity(0))[:threads] if threads else None}
     spec_path = work / f"speed_{threads or 'all'}.json"
     spec_path.write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
@@ -704,8 +710,9 @@ def table(result: dict) -> str:
         lines.append(f"  skip {n} ({', '.join(tnames)}): {why}")
     for label, run in result.get("speed", {}).items():
         lines.append("")
-        lines.append(f"Batch speed-up vs tokenizers encode_batch ({label}): median [min-max] over rounds; "
-                     "tokens/s of the library")
+        lines.append(f"Batch speed-up vs tokenizers encode_batch ({label}; cores {run.get('cpus')}, load average "
+                     f"{run.get('loadavg_before', [None])[0]} -> {run.get('loadavg_after', [None])[0]}): median "
+                     "[min-max] over rounds; last column: tokenizers' tokens/s")
         lines.append("| tokenizer | words | " + " | ".join(names) + " | tokenizers tok/s |")
         lines.append("|---|---|" + "---|" * (len(names) + 1))
         for tname, res in run["tokenizers"].items():
