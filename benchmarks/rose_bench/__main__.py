@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "attention-sweep": "attention_sweep", "merge": "merge", "render-readme": "render_readme",
     "charts": "charts", "perf-inputs": "perf", "forward-profile": "forward_profile",
     "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail", "tokenizers": "tokenizers_bench",
+    "lanes": "lanes",
 }
 
 
