@@ -181,6 +181,28 @@ def test_stop_drains_bulk_held_back(engine):
     np.testing.assert_allclose(bulk.output, expected(engine, bulk), atol=1e-5)
 
 
+def test_a_full_pool_of_bulk_refuses_bulk_but_admits_queries(engine):
+    from rose_backend.serving.outcomes import Overloaded
+    eng, done = HeldEngine(engine), []
+    svc = EmbeddingService(eng, done.append, max_batch_tokens=256, max_batch_seqs=16, max_queued_tokens=1024,
+                           inline=False)
+    try:
+        first = request(12, 16, 64, lane="bulk")           # 1024 tokens: 512 in flight, 512 queued
+        svc.submit(first)
+        assert wait_until(lambda: len(eng.batches) == 2, 10)
+        svc.submit(request(13, 8, 64, lane="bulk"))        # 1024 queued now
+        with pytest.raises(Overloaded, match="max_queued_tokens=1024"):
+            svc.submit(request(14, 1, 64, lane="bulk"))
+        q = request(15, 1, 64)
+        svc.submit(q)                                      # counts the interactive tokens only
+        eng.release_all()
+        assert wait_until(lambda: len(done) == 3, 60) and all(r.error is None for r in done)
+        assert done.index(q) < 2                           # ahead of the bulk queued before it
+    finally:
+        eng.release_all()
+        svc.stop(10)
+
+
 def test_lane_parameter_parsing():
     assert parse_lane(None) is None and parse_lane("bulk") == "bulk" and parse_lane(" Interactive ") == "interactive"
     assert lane_of_parameters('{"lane": "bulk", "outputs": "sparse"}') == "bulk"

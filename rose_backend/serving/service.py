@@ -95,12 +95,13 @@ class EmbeddingService:
         with self._cond:
             if self._stopping:
                 raise ShuttingDown(SHUTTING_DOWN)
-            if self.max_queued_tokens and self.scheduler.queued_tokens + request.num_tokens > self.max_queued_tokens \
-                    and self.scheduler.queued_tokens > 0:
-                raise Overloaded(f"overloaded: {self.scheduler.queued_tokens} tokens already queued "
+            lane = self.scheduler.classify(request)     # bulk queued counts against bulk only
+            queued = self.scheduler.lane_tokens[INTERACTIVE] if lane == INTERACTIVE else self.scheduler.queued_tokens
+            if self.max_queued_tokens and queued + request.num_tokens > self.max_queued_tokens and queued > 0:
+                raise Overloaded(f"overloaded: {queued} tokens already queued "
                                  f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
             self.stats.requests += 1
-            self.lanes.seen(self.scheduler.classify(request), time.monotonic())
+            self.lanes.seen(lane, time.monotonic())
             inline = (self.inline and not self._busy and not self._inflight and not self.scheduler.has_work()
                       and request.num_tokens <= self.scheduler.max_batch_tokens
                       and request.num_seqs <= self.scheduler.max_batch_seqs)

@@ -108,7 +108,8 @@ class RoseSettings(_Settings):
                          many MiB, so bigger batches run out of memory and are split and retried: a
                          knob to force out-of-memory in tests and soaks, 0 = no cap (default 0)
     max_queued_tokens    tokens waiting in the pool before new requests are refused as
-                         overloaded, 0 = unbounded (default 1048576)
+                         overloaded, 0 = unbounded; an interactive request counts only the
+                         interactive tokens waiting, so bulk never shuts queries out (default 1048576)
     max_request_seqs     sequences per request (default 4096)
     max_request_tokens   tokens per request (default 1048576)
     drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
