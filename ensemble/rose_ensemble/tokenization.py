@@ -68,25 +68,33 @@ class TextTokenizer:
         return self.prompts[name]
 
     def decode_texts(self, raw: list[bytes] | np.ndarray, name: str = "TEXT", allow_empty: bool = False) -> list[str]:
-        """BYTES elements -> str, refusing empty (unless allow_empty) or invalid UTF-8 texts with
-        their index; `name` is the input named in messages. A text longer than max_text_bytes is
-        cut to that many bytes first (before decoding and tokenizing, so a 10 MB string costs no
-        more than a long one; a cut-off partial character is dropped); truncation to
-        max_seq_length tokens happens later in any case."""
+        """BYTES elements -> str (decode_texts_marked without the cut marks)."""
+        return self.decode_texts_marked(raw, name, allow_empty)[0]
+
+    def decode_texts_marked(self, raw: list[bytes] | np.ndarray, name: str = "TEXT", allow_empty: bool = False,
+                            cut_to: int | None = None) -> tuple[list[str], np.ndarray]:
+        """BYTES elements -> (str texts, bool [n]: which were cut), refusing empty (unless
+        allow_empty) or invalid UTF-8 texts with their index; `name` is the input named in
+        messages. A text longer than max_text_bytes (or `cut_to`, 0: no cut) is cut to that many
+        bytes first (before decoding and tokenizing, so a 10 MB string costs no more than a long
+        one; a cut-off partial character is dropped); truncation to max_seq_length tokens happens
+        later in any case."""
         if len(raw) == 0:
             raise InputError(f"{name} is empty: send at least one text")
         if self.max_texts and len(raw) > self.max_texts:
             what = "texts" if name == "TEXT" else name.lower()
             raise InputError(f"the request has {len(raw)} {what}; the limit is max_request_texts={self.max_texts}")
-        texts = []
+        limit = self.max_text_bytes if cut_to is None else cut_to
+        texts, cut_any = [], np.zeros(len(raw), dtype=bool)
         for i, b in enumerate(raw):
             if isinstance(b, str):
                 b = b.encode("utf-8")
             if len(b) == 0 and not allow_empty:
                 raise InputError(f"{name}[{i}] is an empty string")
-            cut = bool(self.max_text_bytes) and len(b) > self.max_text_bytes
+            cut = bool(limit) and len(b) > limit
             if cut:
-                b = b[: self.max_text_bytes]
+                b = b[:limit]
+                cut_any[i] = True
             try:
                 texts.append(b.decode("utf-8"))
             except UnicodeDecodeError as e:
@@ -94,7 +102,7 @@ class TextTokenizer:
                 if not (cut and e.start >= len(b) - 3 and e.reason == "unexpected end of data"):
                     raise InputError(f"{name}[{i}] is not valid UTF-8 ({e.reason} at byte {e.start})") from None
                 texts.append(b[: e.start].decode("utf-8"))
-        return texts
+        return texts, cut_any
 
     def with_prompt(self, texts: list[str], prompt_name: str | None = None) -> list[str]:
         """The texts as they are tokenized: the task's prompt (InputError if unknown) before each."""
@@ -105,23 +113,40 @@ class TextTokenizer:
         """(ids int32 [sum(lens)], lens int32 [n]) of the texts, the prompt put before each."""
         return self.encode_requests([self.with_prompt(texts, prompt_name)])[0]
 
-    def encode_requests(self, requests: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def encode_counted(self, texts: list[str], prompt_name: str | None = None) -> tuple[np.ndarray, ...]:
+        """(ids, lens, counts before truncation) of the texts, the prompt put before each."""
+        return self.encode_requests([self.with_prompt(texts, prompt_name)], [True])[0]
+
+    def encode_requests(self, requests: list[list[str]], counted: list[bool] | None = None) -> list[tuple]:
         """Several requests' texts (prompts already put before them: with_prompt) in one Rust call;
-        per request (ids int32 [sum(lens)], lens int32 [n]), in order."""
+        per request (ids int32 [sum(lens)], lens int32 [n]), in order; for a request whose
+        `counted` entry is true, (ids, lens, counts int32 [n]) with each text's tokens before
+        truncation (prompt and special tokens included)."""
         flat = requests[0] if len(requests) == 1 else [t for texts in requests for t in texts]
         encodings = self.encode_batch(flat, add_special_tokens=True)
         out, start = [], 0
-        for texts in requests:
+        for k, texts in enumerate(requests):
             mine = encodings[start:start + len(texts)]
             start += len(texts)
             if len(mine) == 1:                     # the common case: one text, no joining
                 ids = np.array(mine[0].ids, dtype=np.int32)
-                out.append((ids, np.array([ids.size], dtype=np.int32)))
-                continue
-            lists = [e.ids for e in mine]
-            lens = np.fromiter(map(len, lists), dtype=np.int32, count=len(lists))
-            out.append((np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(lens.sum())), lens))
+                lens = np.array([ids.size], dtype=np.int32)
+            else:
+                lists = [e.ids for e in mine]
+                lens = np.fromiter(map(len, lists), dtype=np.int32, count=len(lists))
+                ids = np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(lens.sum()))
+            out.append((ids, lens, self.counts_before_truncation(mine, lens)) if counted and counted[k] else (ids, lens))
         return out
+
+    def counts_before_truncation(self, encodings, lens: np.ndarray) -> np.ndarray:
+        """Each encoding's tokens before truncation: a text cut at max_seq_length keeps the rest in
+        `overflowing` (pieces of its tokens, each with the special tokens added again), so only
+        texts that reached the maximum length are looked at."""
+        counts = lens.copy()
+        specials = self.tokenizer.num_special_tokens_to_add(False)
+        for i in np.flatnonzero(lens >= self.max_seq_length).tolist():
+            counts[i] += sum(len(o.ids) - specials for o in encodings[i].overflowing)
+        return counts
 
     def count_tokens(self, texts: list[str], prompt_name: str | None = None) -> list[int]:
         """Token counts after prompt and truncation, without building the flat array."""

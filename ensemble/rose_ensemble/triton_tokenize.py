@@ -11,8 +11,12 @@ Triton hands a model one request per execute() call whatever its batcher (max_ba
 a decoupled model cannot answer HTTP or unary gRPC calls, hence two models over the same code. Its
 parameters are `tokenize`'s (read from ../tokenize/config.pbtxt: one place for prompts and limits).
 
-config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults).
-Bad input gets an INVALID_ARG error naming what is wrong.
+Optional outputs TOKEN_COUNTS / TRUNCATED and late chunking (DOC_CHUNKS in, TOKEN_CHUNKS out):
+text_requests.py and late_chunks.py.
+
+config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults),
+and `late_chunk_overlap` (tokens shared by neighbouring windows of a long late-chunked document,
+default 64), read here. Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
@@ -31,9 +35,13 @@ from rose_backend.serving.polled_metrics import PolledMetrics
 from rose_backend.serving.settings import TokenizeSettings, model_config_file
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors
+from rose_ensemble.late_chunks import LateChunker
 from rose_ensemble.pair_tokenization import PairTokenizer
+from rose_ensemble.text_requests import encode_jobs, read_text_job, wants_counts
 from rose_ensemble.tokenization import InputError, TextTokenizer
 from rose_ensemble.tokenize_batcher import Job, TokenizeBatcher
+
+LATE_CHUNK_OVERLAP = 64          # default of the parameter late_chunk_overlap
 
 
 @dataclass(slots=True)
@@ -46,7 +54,9 @@ class TokenizeModel:
         check_numpy_interop(pb_utils, "tokenize")
         watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
         try:
-            self.settings = s = TokenizeSettings.from_model_config(self._model_config(args))
+            config = self._model_config(args)
+            overlap = _pop_parameter(config, "late_chunk_overlap", LATE_CHUNK_OVERLAP)
+            self.settings = s = TokenizeSettings.from_model_config(config)
             model_dir = resolve_model_dir(s.model_dir or None)
             self.tokenizer = TextTokenizer.from_folder(
                 model_dir, max_seq_length=s.max_seq_length or None,
@@ -57,6 +67,7 @@ class TokenizeModel:
             self.pairs = None if kind == "embedding" else PairTokenizer.from_folder(
                 model_dir, kind, max_seq_length=s.max_seq_length or None,
                 max_text_bytes=s.max_text_bytes, max_texts=s.max_request_texts)
+            self.chunker = LateChunker(self.tokenizer, overlap) if kind == "embedding" else None
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
         self.clock = StageClock.from_env(args.get("model_name", "tokenize"))   # $ROSE_STAGE_TIMES: time each request
@@ -88,8 +99,12 @@ class TokenizeModel:
             query, documents = inputs.get("QUERY"), inputs.get("DOCUMENTS")
             if query is not None or documents is not None:
                 return self._pairs(inputs, query, documents)
-            ids, lens = self.tokenizer.encode_requests([read_texts(inputs, self.tokenizer)])[0]
-            return ids_response(ids, lens)
+            job = read_text_job(inputs, self.tokenizer, self.chunker,
+                                wants_counts(outputs_parameter(request), request.requested_output_names()))
+            result = encode_jobs(self.tokenizer, self.chunker, [job])[0]
+            if isinstance(result, Exception):
+                raise result
+            return outputs_response(result)
         except Exception as e:  # never fail the whole batch of requests for one request's sake
             return error_response(e)
 
@@ -112,26 +127,30 @@ class TokenizeModel:
             pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens), pb_utils.Tensor("TOKEN_TYPE_IDS", types)])
 
 
-def read_texts(inputs: dict, tokenizer: TextTokenizer) -> list[str]:
-    """TEXT (+ TASK) of a request's inputs -> its texts as they are tokenized (the prompt before
-    each); InputError naming what is wrong."""
-    text = inputs.get("TEXT")
-    if text is None:
-        raise InputError("missing input TEXT")
-    task = inputs.get("TASK")
-    prompt_name = None
-    if task is not None:
-        values = task.as_numpy().reshape(-1)
-        if len(values) != 1:
-            raise InputError(f"TASK must hold exactly one string, got {len(values)}")
-        raw = values[0]
-        prompt_name = (raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)) or None
-    return tokenizer.with_prompt(tokenizer.decode_texts(text.as_numpy().reshape(-1)), prompt_name)
+def _pop_parameter(config: dict, name: str, default: int) -> int:
+    """A parameter of this module's own (not TokenizeSettings'), taken out of the model config."""
+    raw = ((config.get("parameters") or {}).pop(name, None) or {}).get("string_value", "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"parameter {name} must be an integer, got {raw!r}") from None
 
 
-def ids_response(ids, lens, extras=()):
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens),
-                                                      *extras])
+def outputs_parameter(request) -> str | None:
+    """The request parameter `outputs` (Triton forwards request parameters to ensemble steps)."""
+    raw = request.parameters()
+    if not raw or raw == "{}":
+        return None
+    try:
+        params = json.loads(raw)
+    except ValueError:
+        return None
+    value = params.get("outputs") if isinstance(params, dict) else None
+    return None if value is None else str(value)
+
+
+def outputs_response(outputs, extras=()):
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in outputs] + list(extras))
 
 
 _CODES = {CANCELLED: "CANCELLED", SHUTTING_DOWN: "UNAVAILABLE"}      # TritonError's names (set at run time)
@@ -198,7 +217,8 @@ class TokenizeBatchedModel(TokenizeModel):
             sender = request.get_response_sender()
             try:
                 inputs = input_tensors(request)
-                job = Job(read_texts(inputs, self.tokenizer), sender, request.is_cancelled, passed_on(inputs))
+                text_job = read_text_job(inputs, self.tokenizer, self.chunker, wants_counts(outputs_parameter(request)))
+                job = Job(text_job, sender, request.is_cancelled, passed_on(inputs))
                 if clock is not None:
                     job.marks += [("received", t0), ("read_and_decoded", time.perf_counter_ns())]
                 self.batcher.submit(job)
@@ -206,14 +226,14 @@ class TokenizeBatchedModel(TokenizeModel):
                 sender.send(error_response(e), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
-    def _encode(self, requests: list[list[str]]):
-        return self.tokenizer.encode_requests(requests)
+    def _encode(self, jobs):
+        return encode_jobs(self.tokenizer, self.chunker, jobs)
 
     def _answer(self, job: Job, result, error) -> None:
         clock = self.clock
         if clock is not None and job.marks:
             clock.mark(job, "picked_up")                # after "encoded": the hand-over to the worker
-        response = error_response(error) if error is not None else ids_response(*result, job.extras)
+        response = error_response(error) if error is not None else outputs_response(result, job.extras)
         if clock is not None and job.marks:
             clock.mark(job, "response_built")
         job.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
