@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TOKEN_OUTPUTS = ("sparse", "colbert")     # token-level outputs a batch may ask for (BGE-M3's heads)
+HEAD_OUTPUTS = ("sparse", "colbert")      # BGE-M3's heads, per token
+TOKEN_OUTPUTS = (*HEAD_OUTPUTS, "hidden")  # token-level outputs a batch may ask for; "hidden": final hidden states
 
 
 @dataclass(slots=True)
@@ -58,3 +59,13 @@ class PackedBatch:
     def seq_ids(self) -> np.ndarray:
         """[T] int64 index of the sequence each token belongs to."""
         return np.repeat(np.arange(self.num_seqs, dtype=np.int64), self.seq_lens)
+
+
+def row_names(want: frozenset) -> list[str]:
+    """The token-level outputs a forward pass returns for `want`, in order: the heads' two, then hidden."""
+    return ([] if want.isdisjoint(HEAD_OUTPUTS) else list(HEAD_OUTPUTS)) + (["hidden"] if "hidden" in want else [])
+
+
+def graph_tags(want: frozenset) -> tuple[str, ...]:
+    """Graph key suffix of a batch's token outputs: "m3" (the heads), "hidden"; none for dense-only."""
+    return (() if want.isdisjoint(HEAD_OUTPUTS) else ("m3",)) + (("hidden",) if "hidden" in want else ())

@@ -12,6 +12,8 @@ pass (a graph of its own per configuration, keyed apart from the dense-only one,
 batches run exactly the graphs they ran before), and its handle carries the results as `extras`
 ({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only), copied back into pinned buffers of
 the step's slot (reused: valid until the slot comes round again, as the dense rows' buffer).
+A batch asking for "hidden" gets every real token's final hidden states the same way
+({"hidden": [T, H] f32}: what late chunking pools over token spans), again from a graph of its own.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
-from rose_backend.engine.batch import PackedBatch
+from rose_backend.engine.batch import HEAD_OUTPUTS, PackedBatch, graph_tags, row_names
 from rose_backend.engine.graph_cache import GraphCache, Key
 from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
@@ -181,7 +183,7 @@ class Engine:
             raise ValueError(f"a sequence of {batch.max_seqlen} tokens is longer than this model's "
                              f"{self.max_len} positions; truncate it (the tokenizer's max_seq_length)")
         want = batch.token_outputs
-        if want and self.heads is None:
+        if not want.isdisjoint(HEAD_OUTPUTS) and self.heads is None:
             raise HeadsMissing(f"{', '.join(sorted(want))} output asked for, but the model folder "
                                f"{self.cfg.model_dir} has no sparse_linear / colbert_linear heads")
         st = self.stats
@@ -194,16 +196,13 @@ class Engine:
         try:
             with torch.inference_mode():
                 if key is None:
-                    out = self._run_unpadded(batch, slot, bool(want))
+                    out = self._run_unpadded(batch, slot, want)
                 else:
-                    out = self._run_static(batch, key, slot, marks, bool(want))
+                    out = self._run_static(batch, key, slot, marks, want)
                 extras = {}
-                if want:
-                    out, sparse, colbert = out
-                    if "sparse" in want:
-                        extras["sparse"] = sparse[:t]                             # [T] f32
-                    if "colbert" in want:
-                        extras["colbert"] = colbert[:t]                           # [T, Dc] f32
+                if want:       # sparse [T] f32, colbert [T, Dc] f32, hidden [T, H] f32
+                    out, *rows = out
+                    extras = {n: r[:t] for n, r in zip(row_names(want), rows) if n in want}
             if marks is not None:
                 marks.append(("launched", time.perf_counter_ns()))
             # all rows of the output (a graph's [Sb + 1, D]: one copy, no slicing on the device side)
@@ -235,7 +234,7 @@ class Engine:
         return slot
 
     def _run_static(self, batch: PackedBatch, key: Key, slot: Slot, marks: list | None = None,
-                    heads: bool = False):
+                    want: frozenset = frozenset()):
         sb, tb = key
         st = self.stats
         v = self._views.get(key)
@@ -260,8 +259,8 @@ class Engine:
             bound = min(bound, max(64, 1 << (longest - 1).bit_length()))
             key = (sb, tb, bound)
         plan_key = key
-        if heads:
-            key = (*key, "m3")          # the graph with the heads; the attention plan is shared
+        if want:                        # the graph with the heads / hidden states; the attention plan is shared
+            key = (*key, *graph_tags(want))
         self.last_key = key
         be.plan(AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if marks is not None:
@@ -273,10 +272,10 @@ class Engine:
         if action == "eager":
             st.eager_runs += 1
             st.capture_refused = self.graphs.refused
-            return self._forward(v, heads)
+            return self._forward(v, want)
         if action == "capture":
             t0 = time.perf_counter()
-            self.graphs.capture(key, lambda: self._forward(v, heads))
+            self.graphs.capture(key, lambda: self._forward(v, want))
             st.capture_seconds += time.perf_counter() - t0
             st.graph_captures += 1
             st.graphs = self.graphs.num_captured
@@ -285,20 +284,27 @@ class Engine:
             st.graph_replays += 1
         return self.graphs.replay(key)
 
-    def _forward(self, v: DeviceViews, heads: bool = False):
+    def _forward(self, v: DeviceViews, want: frozenset = frozenset()):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
         cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
         emb = self._output(pool(hidden, cu, v.seq, v.inv, self.cfg.pooling))  # [Sb + 1, D] float32
-        if not heads:
+        if not want:
             return emb
-        return (emb, *self.heads(hidden))                                     # + [Tb] f32, [Tb, Dc] f32
+        return (emb, *self._token_rows(hidden, want))
+
+    def _token_rows(self, hidden: torch.Tensor, want: frozenset) -> list[torch.Tensor]:
+        """The token-level outputs of `want`, in batch.row_names' order."""
+        rows = [] if want.isdisjoint(HEAD_OUTPUTS) else list(self.heads(hidden))   # [T] f32, [T, Dc] f32
+        if "hidden" in want:
+            rows.append(hidden.float())                                       # [T, H] f32
+        return rows
 
     def _output(self, pooled: torch.Tensor) -> torch.Tensor:
         """Pooled [S, H] float32 -> embeddings [S, H] (normalized if the folder says) or scores [S, 1]."""
         return self.head(pooled) if self.head is not None else maybe_normalize(pooled, self.cfg.normalize)
 
-    def _run_unpadded(self, batch: PackedBatch, slot: Slot, heads: bool = False):
+    def _run_unpadded(self, batch: PackedBatch, slot: Slot, want: frozenset = frozenset()):
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
         dev = self.device
         st = self.stats
@@ -320,9 +326,9 @@ class Engine:
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
         emb = self._output(pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling))   # [S, D] float32
-        if not heads:
+        if not want:
             return emb
-        return (emb, *self.heads(hidden))                                     # + [T] f32, [T, Dc] f32
+        return (emb, *self._token_rows(hidden, want))
 
     # ---- helpers ----
     def precapture(self, configs) -> None:

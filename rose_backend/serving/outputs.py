@@ -7,6 +7,11 @@ Outputs (all but EMBEDDINGS optional, computed only when asked for):
     SPARSE_LENS     INT32 [n]    how many ids each input has
     COLBERT         FP32  [-1, Dc]  per input, one unit vector per token but the first, end to end
     COLBERT_LENS    INT32 [n]    how many vectors each input has (its length - 1)
+    TOKEN_COUNTS    INT32 [n]    each input's tokens before truncation (as the tokenizer counted them
+                                 when `embed`'s tokenize step sends them; else SEQ_LENS: rose cuts nothing)
+    TRUNCATED       BOOL  [n]    whether each input was cut (likewise; else false)
+Late chunking (TOKEN_CHUNKS in: serving/spans.py): n is the number of chunks, EMBEDDINGS holds one
+span mean per chunk, TOKEN_COUNTS each chunk's own tokens and TRUNCATED is false.
 Values as FlagEmbedding's BGEM3FlagModel.encode(return_sparse=True, return_colbert_vecs=True)
 defines them (inference/embedder/encoder_only/m3.py, _process_token_weights and
 _process_colbert_vecs): the sparse weights skip the tokenizer's cls / eos / pad / unk ids and keep
@@ -21,7 +26,8 @@ Which outputs a request asked for. A request names its outputs (Triton's request
 request that names none is given all of them by Triton, and the `embed` ensemble asks `rose` for
 every output its step maps whatever the client named (Triton 2.51's ensemble_scheduler.cc adds
 each mapped output to the step's request). So:
-  - the request parameter `outputs` ("sparse", "colbert", "sparse,colbert" or "") decides when it
+  - the request parameter `outputs` (comma-separated: "sparse", "colbert", "token_counts",
+    "truncated"; "" for the dense rows only) decides when it
     is present (through `embed` it is the only way to ask: Triton forwards request parameters to
     the ensemble's steps); rose_client always sends it;
   - otherwise the requested outputs decide, except that "all of them" (no choice made) means the
@@ -46,9 +52,14 @@ from pathlib import Path
 
 import numpy as np
 
+from rose_backend.serving import spans
+
 SPARSE_OUTPUTS = ("SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS")
 COLBERT_OUTPUTS = ("COLBERT", "COLBERT_LENS")
-KIND_OF = {**{n: "sparse" for n in SPARSE_OUTPUTS}, **{n: "colbert" for n in COLBERT_OUTPUTS}}
+COUNT_OUTPUTS = ("TOKEN_COUNTS", "TRUNCATED")
+KIND_OF = {**{n: "sparse" for n in SPARSE_OUTPUTS}, **{n: "colbert" for n in COLBERT_OUTPUTS},
+           "TOKEN_COUNTS": "token_counts", "TRUNCATED": "truncated"}
+ENGINE_KINDS = frozenset({"sparse", "colbert"})          # kinds the engine computes (BGE-M3's heads)
 ALL_OUTPUTS = frozenset({"EMBEDDINGS", *KIND_OF})
 ENCODINGS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 RANGES_FILES = ("quantization_ranges.npy", "quantization_ranges.json")
@@ -57,9 +68,13 @@ RANGES_FILES = ("quantization_ranges.npy", "quantization_ranges.json")
 @dataclass(frozen=True, slots=True)
 class OutputOptions:
     names: frozenset                  # output tensors to send
-    token_outputs: frozenset          # "sparse" / "colbert": what the engine must compute
+    token_outputs: frozenset          # "sparse" / "colbert" / "hidden": what the engine must compute
     dimensions: int | None = None
     encoding: str = "float32"
+    token_chunks: np.ndarray | None = None     # late chunking: int32 [T] chunk row per token, -1: none
+    chunk_tokens: np.ndarray | None = None     # late chunking: int32 [n_chunks] tokens of each chunk
+    token_counts: np.ndarray | None = None     # TOKEN_COUNTS as given (the tokenizer's), or None
+    truncated: np.ndarray | None = None        # TRUNCATED as given, or None
 
 
 def choose_outputs(requested: set[str] | frozenset, parameter: str | None) -> tuple[frozenset, frozenset]:
@@ -67,16 +82,17 @@ def choose_outputs(requested: set[str] | frozenset, parameter: str | None) -> tu
     requested = frozenset(requested) & ALL_OUTPUTS
     if parameter is not None:
         kinds = frozenset(k.strip().lower() for k in parameter.split(",") if k.strip())
-        bad = kinds - {"sparse", "colbert", "dense"}
+        bad = kinds - {"sparse", "colbert", "dense", "token_counts", "truncated"}
         if bad:
-            raise ValueError(f"request parameter 'outputs' takes sparse, colbert (comma-separated); got {sorted(bad)}")
+            raise ValueError("request parameter 'outputs' takes sparse, colbert, token_counts, truncated "
+                             f"(comma-separated); got {sorted(bad)}")
         kinds -= {"dense"}
         names = frozenset(n for n in requested if n == "EMBEDDINGS" or KIND_OF[n] in kinds)
     elif requested == ALL_OUTPUTS or not requested:
         names = frozenset({"EMBEDDINGS"})
     else:
         names = requested
-    return names, frozenset(KIND_OF[n] for n in names if n != "EMBEDDINGS")
+    return names, frozenset(KIND_OF[n] for n in names if n != "EMBEDDINGS") & ENGINE_KINDS
 
 
 def parse_options(requested, parameter: str | None, dimensions: np.ndarray | None, encoding: np.ndarray | None,
@@ -114,6 +130,27 @@ def parse_options(requested, parameter: str | None, dimensions: np.ndarray | Non
             raise ValueError(f"ENCODING {enc}: the calibration ranges have {ranges.shape[1]} dimensions, "
                              f"the output {d}; send DIMENSIONS {ranges.shape[1]} or calibrate for {d}")
     return OutputOptions(names, token_outputs, dims, enc)
+
+
+TOKEN_INPUTS = ("TOKEN_CHUNKS", "TOKEN_COUNTS", "TRUNCATED")     # rose's optional inputs read here
+
+
+def with_token_inputs(opts: OutputOptions, inputs: dict, seq_lens: np.ndarray, limits) -> OutputOptions:
+    """opts with the request's TOKEN_CHUNKS (late chunking: the engine then returns hidden states),
+    TOKEN_COUNTS and TRUNCATED checked and attached; `inputs` {name: array}; ValueError if bad."""
+    from dataclasses import replace
+    from rose_backend.serving.validation import validate_counts, validate_token_chunks
+    late = validate_token_chunks(inputs.get("TOKEN_CHUNKS"), int(seq_lens.sum(dtype=np.int64)), limits)
+    if late is not None and opts.token_outputs:
+        raise ValueError(f"{' and '.join(sorted(opts.token_outputs))} outputs are not available with late "
+                         "chunking (TOKEN_CHUNKS / DOC_CHUNKS): send those texts without it")
+    counts, cut = validate_counts(inputs.get("TOKEN_COUNTS"), inputs.get("TRUNCATED"),
+                                  seq_lens if late is None else late[1], late is not None)
+    if late is None and counts is None and cut is None:
+        return opts
+    extra = {} if late is None else {"token_chunks": late[0], "chunk_tokens": late[1],
+                                     "token_outputs": opts.token_outputs | {"hidden"}}
+    return replace(opts, token_counts=counts, truncated=cut, **extra)
 
 
 def load_ranges(path: str | Path | None, model_dir: str | Path) -> np.ndarray | None:
@@ -226,6 +263,9 @@ def collect_piece(request, first: int, last: int, rows: dict[str, np.ndarray], s
     lens = request.seq_lens[first:last]
     t0, t1 = int(request.offsets[first]), int(request.offsets[last])
     res = request.token_results
+    if "hidden" in rows:                                          # late chunking
+        opts = request.options
+        spans.add_piece(res, opts.token_chunks[t0:t1], rows["hidden"], opts.chunk_tokens.size)
     if "sparse" in rows:
         res.setdefault("sparse", []).append((first, *sparse_outputs(request.input_ids[t0:t1], lens, rows["sparse"],
                                                                    skip_ids)))
@@ -244,8 +284,16 @@ def build_outputs(request, opts: OutputOptions, normalize: bool, ranges: np.ndar
     """(name, array) pairs for one finished request (a scheduler.Request whose token-level results
     collect_piece took)."""
     out = []
+    late = opts.token_chunks is not None
     if "EMBEDDINGS" in opts.names:
-        out.append(("EMBEDDINGS", dense_output(request.output, opts, normalize, ranges)))
+        rows = spans.chunk_means(request.token_results, opts.chunk_tokens, normalize) if late else request.output
+        out.append(("EMBEDDINGS", dense_output(rows, opts, normalize, ranges)))
+    if "TOKEN_COUNTS" in opts.names or "TRUNCATED" in opts.names:
+        counts = opts.token_counts if opts.token_counts is not None else opts.chunk_tokens if late else request.seq_lens
+        cut = opts.truncated
+        if cut is None:
+            cut = np.zeros(counts.size, dtype=bool) if late else counts > request.seq_lens
+        out += [(n, a) for n, a in zip(COUNT_OUTPUTS, (counts.astype(np.int32), cut.astype(bool))) if n in opts.names]
     if "sparse" in opts.token_outputs:
         pieces = sorted(request.token_results["sparse"], key=lambda p: p[0])
         parts = pieces[0][1:] if len(pieces) == 1 else [np.concatenate(a) for a in zip(*(p[1:] for p in pieces))]

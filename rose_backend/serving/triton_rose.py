@@ -30,8 +30,8 @@ from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.lane_metrics import lane_series
 from rose_backend.serving.lanes import lane_of_parameters
 from rose_backend.serving.outcomes import Unavailable
-from rose_backend.serving.outputs import (OutputOptions, build_outputs, collect_piece, load_ranges, parse_options,
-                                          special_token_ids)
+from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_outputs, collect_piece, load_ranges,
+                                          parse_options, special_token_ids, with_token_inputs)
 from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.polled_metrics import PolledMetrics
 from rose_backend.serving.scheduler import Request
@@ -80,9 +80,8 @@ class RoseModel:
             self.drain_timeout = s.drain_timeout_s
             self.normalize = cfg.normalize
             self.ranges = load_ranges(s.quantization_ranges or None, cfg.model_dir)
-            on_piece = None
-            if self.engine.heads is not None:
-                on_piece = functools.partial(collect_piece, skip_ids=special_token_ids(cfg.model_dir))
+            on_piece = functools.partial(collect_piece, skip_ids=special_token_ids(cfg.model_dir)
+                                         if self.engine.heads is not None else None)    # heads, late chunking
             self.service = EmbeddingService(
                 self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
                 max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
@@ -119,7 +118,7 @@ class RoseModel:
                 input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
                 token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
                                                    self.limits)
-                opts = None if self.output_name == "SCORES" else self._options(request, inputs)
+                opts = None if self.output_name == "SCORES" else self._options(request, inputs, seq_lens)
                 lane = lane_of_parameters(request.parameters())      # interactive | bulk | None: by size
                 r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
                             token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
@@ -139,8 +138,9 @@ class RoseModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
-    def _options(self, request, inputs: dict) -> OutputOptions:
-        """The request's outputs, DIMENSIONS and ENCODING (serving/outputs.py); ValueError if bad."""
+    def _options(self, request, inputs: dict, seq_lens) -> OutputOptions:
+        """The request's outputs, DIMENSIONS, ENCODING, late chunking and token counts
+        (serving/outputs.py); ValueError if bad."""
         raw = request.parameters()
         try:
             params = json.loads(raw) if raw and raw != "{}" else {}
@@ -148,9 +148,11 @@ class RoseModel:
             params = {}
         choice = params.get("outputs") if isinstance(params, dict) else None
         dims, enc = inputs.get("DIMENSIONS"), inputs.get("ENCODING")
-        return parse_options(request.requested_output_names(), None if choice is None else str(choice),
+        opts = parse_options(request.requested_output_names(), None if choice is None else str(choice),
                              None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
                              self.engine.embedding_dim, self.ranges, self.engine.heads is not None)
+        return with_token_inputs(opts, {n: inputs[n].as_numpy() for n in TOKEN_INPUTS if n in inputs}, seq_lens,
+                                 self.limits)
 
     _CODES = {"cancelled": "CANCELLED", "unavailable": "UNAVAILABLE", "internal": "INTERNAL"}
 

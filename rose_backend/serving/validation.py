@@ -73,3 +73,57 @@ def validate_token_types(token_type_ids: np.ndarray | None, num_tokens: int,
         raise ValueError(f"TOKEN_TYPE_IDS[{i}] = {types[i]} is outside [0, {limits.type_vocab_size}) "
                          "(this model's segment ids)")
     return np.ascontiguousarray(types) if limits.type_vocab_size > 1 else None
+
+
+def validate_token_chunks(token_chunks: np.ndarray | None, num_tokens: int,
+                          limits: RequestLimits) -> tuple[np.ndarray, np.ndarray] | None:
+    """TOKEN_CHUNKS (optional, late chunking): int32 [T] beside INPUT_IDS, each token's chunk row or
+    -1, every row 0..n-1 holding at least one token. Returns (token_chunks, tokens per chunk
+    int32 [n]) or None when absent."""
+    if token_chunks is None:
+        return None
+    chunks = token_chunks.reshape(-1)
+    if chunks.dtype != np.int32:
+        raise ValueError(f"TOKEN_CHUNKS must be INT32, got {chunks.dtype}")
+    if chunks.size != num_tokens:
+        raise ValueError(f"TOKEN_CHUNKS holds {chunks.size} values but INPUT_IDS holds {num_tokens} token ids")
+    if chunks.size and int(chunks.min()) < -1:
+        i = int(np.flatnonzero(chunks < -1)[0])
+        raise ValueError(f"TOKEN_CHUNKS[{i}] = {chunks[i]}: a chunk row is at least 0 (-1: the token belongs to none)")
+    n = int(chunks.max()) + 1 if chunks.size else 0
+    if n == 0:
+        raise ValueError("TOKEN_CHUNKS gives no token a chunk: late chunking needs at least one chunk")
+    if n > limits.max_request_seqs:
+        raise ValueError(f"TOKEN_CHUNKS names {n} chunks; the limit is max_request_seqs={limits.max_request_seqs}")
+    counts = np.bincount(chunks[chunks >= 0], minlength=n)
+    empty = np.flatnonzero(counts == 0)
+    if empty.size:
+        raise ValueError(f"chunk {empty[0]} has no token in TOKEN_CHUNKS (every chunk row 0..{n - 1} needs one)")
+    return np.ascontiguousarray(chunks), counts.astype(np.int32)
+
+
+def validate_counts(token_counts: np.ndarray | None, truncated: np.ndarray | None,
+                    lens: np.ndarray, late: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """TOKEN_COUNTS (int32 [n]) and TRUNCATED (bool [n]), optional: the tokenizer's counts before
+    truncation and cut marks, one per input (per chunk when late); `lens` the tokens each input
+    holds (SEQ_LENS, or each chunk's own tokens), which a count cannot be below."""
+    if token_counts is not None:
+        token_counts = token_counts.reshape(-1)
+        if token_counts.dtype != np.int32:
+            raise ValueError(f"TOKEN_COUNTS must be INT32, got {token_counts.dtype}")
+        if token_counts.size != lens.size:
+            raise ValueError(f"TOKEN_COUNTS holds {token_counts.size} counts for {lens.size} "
+                             f"{'chunks' if late else 'sequences'}")
+        below = np.flatnonzero(token_counts < lens)
+        if below.size:
+            i = int(below[0])
+            raise ValueError(f"TOKEN_COUNTS[{i}] = {token_counts[i]} is below the {lens[i]} tokens "
+                             f"{'of chunk' if late else 'in sequence'} {i}")
+    if truncated is not None:
+        truncated = truncated.reshape(-1)
+        if truncated.dtype != np.bool_:
+            raise ValueError(f"TRUNCATED must be BOOL, got {truncated.dtype}")
+        if truncated.size != lens.size:
+            raise ValueError(f"TRUNCATED holds {truncated.size} flags for {lens.size} "
+                             f"{'chunks' if late else 'sequences'}")
+    return token_counts, truncated
