@@ -6,8 +6,9 @@
 #   (a) python -m rose_backend.precompile --model <folder> --out /tmp/rose-precompiled, timed;
 #   (b) with the machine's own caches empty (~/.cache, ~/.triton and ~/.nv moved aside, put back on
 #       exit) and ROSE_CACHE_DIR=/tmp/rose-precompiled, one server launch: launch -> READY, then the
-#       first request of 1x64, 1x512, 8x4096 and 100x512 against its steady p50
-#       (benchmarks/readiness_bench.py --cache-dir: the folder is never emptied).
+#       first request of each shape against its steady p50 (benchmarks/readiness_bench.py --cache-dir:
+#       the folder is never emptied). Shapes in readiness_bench's SEQSxTOTAL-TOKENS notation: 1x64,
+#       1x512, 8x4096 (8 x 512) and 100x51200 (100 x 512, the scoring / throughput request).
 # Results under $OUT/readiness/: <shape>-h200.json (model, cache, precompiled, ready_s,
 # first_request_ms, steady_p50_ms, commit, date), <shape>-precompile.json and the logs.
 # Baseline without precompiling (known, not re-run): READY after 127 s (bge-m3), 144 s (pplx-embed).
@@ -41,7 +42,7 @@ for SHAPE in $SHAPES; do
   [ $rc = 0 ] || continue
   echo "   files under ~/.cache before the launch: $(find "$HOME/.cache" -type f 2>/dev/null | wc -l)"
   timeout 240 python3 benchmarks/readiness_bench.py --shape "$SHAPE" --device cuda --workdir $W --cache-dir $PRE \
-    --launches cold --shapes 1x64,1x512,8x4096,100x512 --steady 20 --git-commit "$COMMIT" \
+    --launches cold --shapes 1x64,1x512,8x4096,100x51200 --steady 20 --git-commit "$COMMIT" \
     --out "$R/$SHAPE-h200.json" > "$R/$SHAPE-readiness.log" 2>&1
   echo "   readiness rc=$?"
   tail -6 "$R/$SHAPE-readiness.log"
