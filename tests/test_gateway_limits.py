@@ -14,6 +14,7 @@ import urllib.request
 import httpx
 import pytest
 from gateway_fixtures import LOG_DIR, gateway_for
+from server_metrics import rose_metric, wait_idle
 
 from rose_backend.launcher import free_ports
 
@@ -250,22 +251,6 @@ def test_a_client_reset_is_counted_as_499_not_an_error(gw, server):
     assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
     wait_idle(server)                    # what of its work was running at the server (see below) is done
     assert_serving(gw)
-
-
-def rose_metric(server, name: str) -> float:
-    """A metric of the server's `rose` model (Triton labels it), summed over its instances."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
-
-
-def wait_idle(server) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        seqs = rose_metric(server, "rose_sequences_total")
-        time.sleep(1.0)
-        if rose_metric(server, "rose_queue_tokens") == 0 and rose_metric(server, "rose_sequences_total") == seqs:
-            return
-        assert time.monotonic() < deadline, "the server did not go idle"
 
 
 @pytest.mark.exclusive     # counts the server's work: nothing else may use it meanwhile

@@ -64,11 +64,20 @@ def read_key_file(path: str) -> str:
     return key
 
 
+class _NoKeyOnTheCommandLine(argparse.Action):
+    """--api-key KEY is refused without repeating KEY (a process listing would show it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is not taken: a key on the command line shows in process listings; "
+                     "set $API_KEY or pass --api-key-file PATH")
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
     env = os.environ
-    p = argparse.ArgumentParser(prog="python -m rose_gateway",
+    p = argparse.ArgumentParser(prog="python -m rose_gateway", allow_abbrev=False,
                                 description="OpenAI-compatible HTTP gateway in front of rose's Triton servers. "
                                             "API key: $API_KEY or --api-key-file; Triton's admin key: $ROSE_ADMIN_KEY")
+    p.add_argument("--api-key", "--admin-key", nargs="?", action=_NoKeyOnTheCommandLine, help=argparse.SUPPRESS)
     p.add_argument("--triton-urls", default=env.get("TRITON_URLS", "127.0.0.1:8001"),
                    help="gRPC host:port of each Triton replica, comma-separated ($TRITON_URLS)")
     p.add_argument("--host", default=env.get("ADDRESS", "127.0.0.1"), help="address to bind ($ADDRESS)")
