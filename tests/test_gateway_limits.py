@@ -334,3 +334,24 @@ def test_answers_name_no_internal_address(gw, server):
         assert health.status_code == 503 and list(health.json()["replicas"]) == ["replica 0"]
         for text in (r.text, health.text):
             assert dead not in text and dead.split(":")[1] not in text and "127.0.0.1" not in text, text
+
+
+# --------------------------------------------------------------------------- stopping
+def test_sigterm_drains_for_drain_timeout_then_answers_503(server):
+    import signal
+    import threading
+    ids = [[101] + [2000 + (i + j) % 500 for j in range(254)] + [102] for i in range(200)]   # ~10 s of work here
+    with gateway_for(server.grpc_url, "limits-drain", extra_args=["--drain-timeout", "2"]) as g:
+        answer = {}
+        t = threading.Thread(target=lambda: answer.setdefault("r", embed(g, {"input": ids})))
+        t.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        g.proc.send_signal(signal.SIGTERM)
+        g.proc.wait(30)
+        exited = time.monotonic() - t0
+        t.join(30)
+    r = answer["r"]
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
+    assert 1.5 <= exited <= 6, exited
+    wait_idle(server)
