@@ -6,7 +6,8 @@
 Outputs, by name: INPUT_IDS, SEQ_LENS always; TOKEN_COUNTS INT32 [n] and TRUNCATED BOOL [n] when
 `counted` (each text's tokens before truncation, prompt and special tokens included, and whether
 it was cut: at max_seq_length tokens, or at max_text_bytes bytes before tokenizing, when the count
-is that of the first max_text_bytes bytes only, a lower bound); TOKEN_CHUNKS INT32 [T] for late
+is that of the bytes kept: a lower bound when the cut fell on a whitespace, as it does when there
+is one in the last 256 bytes before the limit: tokenization.py); TOKEN_CHUNKS INT32 [T] for late
 chunking (DOC_CHUNKS given: late_chunks.py), where TOKEN_COUNTS holds each chunk's own tokens
 and TRUNCATED is false (long documents run in windows, nothing is cut).
 """

@@ -20,8 +20,20 @@ import numpy as np
 from tokenizers import Tokenizer
 
 
+CUT_AT_SPACE_WITHIN = 256      # bytes before max_text_bytes where a cut looks for a whitespace
+
+
 class InputError(ValueError):
     """A request's input is invalid; the message says what and where."""
+
+
+def _cut(b: bytes, limit: int) -> bytes:
+    """b's first `limit` bytes, ended at the last ASCII whitespace of their last CUT_AT_SPACE_WITHIN
+    bytes if there is one (a whitespace byte is never inside a UTF-8 character)."""
+    b = b[:limit]
+    tail = b[-CUT_AT_SPACE_WITHIN:]
+    at = max(tail.rfind(c) for c in (b" ", b"\n", b"\t", b"\r"))
+    return b[:len(b) - len(tail) + at] if at > 0 else b
 
 
 @dataclass
@@ -75,10 +87,12 @@ class TextTokenizer:
                             cut_to: int | None = None) -> tuple[list[str], np.ndarray]:
         """BYTES elements -> (str texts, bool [n]: which were cut), refusing empty (unless
         allow_empty) or invalid UTF-8 texts with their index; `name` is the input named in
-        messages. A text longer than max_text_bytes (or `cut_to`, 0: no cut) is cut to that many
-        bytes first (before decoding and tokenizing, so a 10 MB string costs no more than a long
-        one; a cut-off partial character is dropped); truncation to max_seq_length tokens happens
-        later in any case."""
+        messages. A text longer than max_text_bytes (or `cut_to`, 0: no cut) is cut to at most that
+        many bytes first (before decoding and tokenizing, so a 10 MB string costs no more than a
+        long one): at its last whitespace within CUT_AT_SPACE_WITHIN bytes of the limit, so that
+        the words kept tokenize as they do in the whole text and its token count is a lower bound
+        of the whole text's, else at the limit (a cut-off partial character dropped); truncation to
+        max_seq_length tokens happens later in any case."""
         if len(raw) == 0:
             raise InputError(f"{name} is empty: send at least one text")
         if self.max_texts and len(raw) > self.max_texts:
@@ -93,7 +107,7 @@ class TextTokenizer:
                 raise InputError(f"{name}[{i}] is an empty string")
             cut = bool(limit) and len(b) > limit
             if cut:
-                b = b[:limit]
+                b = _cut(b, limit)
                 cut_any[i] = True
             try:
                 texts.append(b.decode("utf-8"))
