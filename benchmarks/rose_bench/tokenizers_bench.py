@@ -7,7 +7,9 @@ Three tokenizers: (1) WordPiece, the default model's own tokenizer.json (all-Min
 BertNormalizer, BertPreTokenizer, [CLS] $A [SEP]); (2) byte-level BPE shaped like Qwen3's (NFC,
 Qwen's split regex then ByteLevel, `$A <|endoftext|>`), and (3) Unigram shaped like XLM-R / BGE-M3's
 (NFKC and runs of spaces folded, Metaspace, `<s> $A </s>`), both trained here with `tokenizers`' own
-trainers on a seeded generated corpus. Every tokenizer.json is loaded without padding or truncation
+trainers on a seeded generated corpus; and (4, where sentencepiece and transformers are installed)
+`unigram-spm`: a SentencePiece Unigram model converted by transformers' XLMRobertaConverter, the way
+XLM-R's and BGE-M3's tokenizer.json were made (Precompiled charsmap normalizer). Every tokenizer.json is loaded without padding or truncation
 (rose calls no_padding() and sets its own truncation).
 
 The corpus (seeded): texts of 9, 128, 512 and 4,096 words drawn from text Python ships
@@ -32,6 +34,7 @@ import argparse
 import codecs
 import copy
 import hashlib
+import io
 import json
 import os
 import random
@@ -213,8 +216,55 @@ def build_unigram(train_texts: list[str], vocab_size: int, out: Path) -> Path:
     return out
 
 
+def build_unigram_spm(train_texts: list[str], vocab_size: int, out: Path) -> Path | None:
+    """Unigram the way XLM-R's and BGE-M3's tokenizer.json came about: a SentencePiece model
+    (nmt_nfkc normalization; <unk> <s> </s> first) converted by transformers' XLMRobertaConverter
+    (Precompiled charsmap normalizer, Metaspace, fairseq ids: <s> <pad> </s> <unk> first, <mask>
+    last, `<s> $A </s>`). None where sentencepiece or transformers is not installed."""
+    try:
+        import sentencepiece as spm
+        import transformers.convert_slow_tokenizer as convert
+    except ImportError as e:
+        log(f"no SentencePiece Unigram tokenizer: {e}")
+        return None
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as model_pb2
+    except ImportError:     # generated for a newer protobuf than the one installed: transformers' copy
+        from transformers.utils import sentencepiece_model_pb2_new as model_pb2
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(train_texts), model_writer=model, model_type="unigram",
+                                   vocab_size=vocab_size, hard_vocab_limit=False, character_coverage=0.9995,
+                                   normalization_rule_name="nmt_nfkc", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   num_threads=1, minloglevel=2)
+    model_file = out.with_suffix(".model")
+    model_file.write_bytes(model.getvalue())
+
+    class SlowTokenizer:         # what the converter reads of a slow XLMRobertaTokenizer
+        vocab_file, legacy, add_prefix_space = str(model_file), True, True
+
+        @staticmethod
+        def convert_tokens_to_ids(token):
+            return {"<s>": 0, "</s>": 2}[token]
+
+    saved = convert.import_protobuf
+    convert.import_protobuf = lambda *args, **kwargs: model_pb2
+    try:
+        tok = convert.XLMRobertaConverter(SlowTokenizer()).converted()
+    finally:
+        convert.import_protobuf = saved
+    tok.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    cfg = json.loads(tok.to_str())
+    # XLM-R's and BGE-M3's files have the older converter's normalizer: the charsmap, then runs of
+    # spaces to one (newer converters add a right Strip and fold the runs to "▁")
+    precompiled = [n for n in cfg["normalizer"]["normalizers"] if n["type"] == "Precompiled"]
+    cfg["normalizer"]["normalizers"] = precompiled + [{"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]
+    out.write_text(json.dumps(cfg, ensure_ascii=False), encoding="utf-8")
+    return out
+
+
 def build_tokenizers(work: Path, seed: int, train_texts: int, bpe_vocab: int, unigram_vocab: int) -> dict[str, Path]:
-    """{"wordpiece": the default model's, "bpe": ..., "unigram": ...} tokenizer.json paths under work."""
+    """{"wordpiece": the default model's, "bpe": ..., "unigram": ..., "unigram-spm": ... (where
+    sentencepiece and transformers are installed)} tokenizer.json paths under work."""
     from rose_backend.config import default_model_dir
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed + 1)
@@ -228,6 +278,11 @@ def build_tokenizers(work: Path, seed: int, train_texts: int, bpe_vocab: int, un
     t0 = time.monotonic()
     paths["unigram"] = build_unigram(train, unigram_vocab, work / "unigram.json")
     log(f"trained Unigram ({unigram_vocab}) in {time.monotonic() - t0:.1f}s")
+    t0 = time.monotonic()
+    spm_path = build_unigram_spm(train, unigram_vocab, work / "unigram-spm.json")
+    if spm_path:
+        paths["unigram-spm"] = spm_path
+        log(f"trained SentencePiece Unigram ({unigram_vocab}) and converted it in {time.monotonic() - t0:.1f}s")
     return paths
 
 
