@@ -1,0 +1,117 @@
+"""Late chunking through a real tritonserver: `embed` with TEXT holding every document's chunks end to
+end and DOC_CHUNKS their counts, against transformers (rose_backend/testing/late_reference.py) on
+the default model; long documents run in windows; bad requests get errors naming what is wrong,
+and requests on one stream are answered in order, each with its own vectors."""
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from rose_client import ServerError, StreamConnection
+from rose_backend.testing.compare import cos_dist
+from rose_backend.testing.late_reference import late_chunk_reference
+
+SENTENCES = ["Paris is the capital of France. ", "It lies on the Seine, ", "and its museums are famous. ",
+             "Berlin is the capital of Germany; ", "its wall fell in 1989. "]
+LONG = SENTENCES * 14                      # about 700 tokens: three windows of 256 for all-MiniLM-L6-v2
+DOCUMENTS = [SENTENCES[:3], LONG, ["A one-chunk document."]]
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_dir):
+    from rose_backend.testing.reference import Reference
+    return Reference(default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def conn(server):
+    c = StreamConnection(server.grpc_url)
+    yield c
+    c.close()
+
+
+def late(conn, documents, task=None, parameters=None, outputs=None):
+    inputs = [("TEXT", [c for d in documents for c in d]), ("DOC_CHUNKS", np.array([len(d) for d in documents], np.int32))]
+    if task:
+        inputs.append(("TASK", [task]))
+    return conn.infer("embed", inputs, outputs=outputs, parameters=parameters)
+
+
+def test_chunk_vectors_match_transformers(conn, default_model_dir, reference):
+    got = late(conn, DOCUMENTS, task="query", parameters={"outputs": "token_counts,truncated"},
+               outputs=["EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED"]).result(300)
+    want = np.concatenate(late_chunk_reference(default_model_dir, DOCUMENTS, prompt="query: ", window=256,
+                                               overlap=64, reference=reference))
+    assert got["EMBEDDINGS"].shape == (3 + len(LONG) + 1, 384)
+    assert cos_dist(got["EMBEDDINGS"], want).max() < 1e-5
+    assert got["TOKEN_COUNTS"].dtype == np.int32 and got["TOKEN_COUNTS"].min() >= 1
+    assert not got["TRUNCATED"].any()
+    # the same long document chunk by chunk, sent alone, differs: each vector carries its context
+    alone = conn.infer("embed", [("TEXT", LONG[:5]), ("TASK", ["query"])]).result(120)["EMBEDDINGS"]
+    assert cos_dist(got["EMBEDDINGS"][3:8], alone).min() > 1e-3
+
+
+def test_dimensions_apply_to_chunk_vectors(conn):
+    full = late(conn, DOCUMENTS[:1]).result(120)["EMBEDDINGS"]
+    cut = conn.infer("embed", [("TEXT", DOCUMENTS[0]), ("DOC_CHUNKS", np.array([3], np.int32)),
+                               ("DIMENSIONS", np.array([64], np.int32))]).result(120)["EMBEDDINGS"]
+    want = full[:, :64] / np.linalg.norm(full[:, :64], axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, want, atol=1e-6)
+
+
+def test_requests_on_one_stream_keep_their_order(conn):
+    docs = [[f"Document {i} starts here. ", f"It has {i} as its number. ", "The end."] for i in range(6)]
+
+    def send(i, d):
+        return late(conn, [d]) if i % 2 == 0 else conn.infer("embed", [("TEXT", d)])
+    alone = [send(i, d).result(120)["EMBEDDINGS"] for i, d in enumerate(docs)]       # one at a time
+    together = [f.result(300)["EMBEDDINGS"] for f in [send(i, d) for i, d in enumerate(docs)]]
+    for i in range(6):
+        np.testing.assert_allclose(together[i], alone[i], atol=1e-5)
+        assert cos_dist(together[i], alone[(i + 1) % 6]).max() > 1e-4
+
+
+@pytest.mark.parametrize("texts, counts, message", [
+    (["Paris is big", "", " indeed"], [3], r"TEXT\[1\] \(document 0, chunk 1\) has no token of its own"),
+    (["one", "two"], [1, 2], "DOC_CHUNKS sum to 3 chunks but TEXT holds 2 texts"),
+    (["one", "two"], [2, 0], r"DOC_CHUNKS\[1\] is 0"),
+    (["x" * 70_000], [1], r"document 0 \(TEXT\[0:1\]\) holds 70000 bytes; late chunking takes documents of at most"),
+])
+def test_bad_late_chunking_requests_are_named(conn, texts, counts, message):
+    with pytest.raises(ServerError, match=message) as e:
+        conn.infer("embed", [("TEXT", texts), ("DOC_CHUNKS", np.array(counts, np.int32))]).result(120)
+    assert not e.value.retryable
+    assert late(conn, DOCUMENTS[:1]).result(120)["EMBEDDINGS"].shape == (3, 384)     # still serving
+
+
+def test_rose_checks_token_chunks(conn):
+    ids, lens = np.array([101, 2000, 2001, 102], np.int32), np.array([4], np.int32)
+    for chunks, message in (([-1, 0, 0], "TOKEN_CHUNKS holds 3 values but INPUT_IDS holds 4"),
+                            ([-1, 0, 2, -1], "chunk 1 has no token in TOKEN_CHUNKS"),
+                            ([-1, -1, -1, -1], "TOKEN_CHUNKS gives no token a chunk"),
+                            ([-2, 0, 0, -1], r"TOKEN_CHUNKS\[0\] = -2")):
+        with pytest.raises(ServerError, match=message):
+            conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens),
+                                ("TOKEN_CHUNKS", np.array(chunks, np.int32))]).result(60)
+    got = conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens),
+                              ("TOKEN_CHUNKS", np.array([-1, 0, 1, -1], np.int32))]).result(60)
+    assert got["EMBEDDINGS"].shape == (2, 384)
+
+
+def test_a_plain_tritonclient_stream_gets_chunk_vectors(server):
+    import queue
+    answers: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        chunks = np.array([s.encode() for s in SENTENCES], dtype=object)
+        text = grpcclient.InferInput("TEXT", [len(SENTENCES)], "BYTES")
+        text.set_data_from_numpy(chunks)
+        counts = grpcclient.InferInput("DOC_CHUNKS", [2], "INT32")
+        counts.set_data_from_numpy(np.array([2, 3], np.int32))
+        c.async_stream_infer("embed", [text, counts])
+        result, error = answers.get(timeout=120)
+        assert error is None, error
+        assert result.as_numpy("EMBEDDINGS").shape == (5, 384)
+    finally:
+        c.stop_stream()
+        c.close()
