@@ -85,9 +85,11 @@ def test_doc_chunks_and_sizes_are_checked(minilm, default_model_dir):
         small.check_sizes([b"abc", b"abcdef", b"abcdef"], np.array([1, 2], np.int32))
 
 
-def test_overlap_must_leave_room_in_a_window(minilm):
+def test_overlap_must_leave_room_in_a_window(minilm, default_model_dir):
     with pytest.raises(ValueError, match="late_chunk_overlap is 256"):
         LateChunker(minilm, overlap=256)
+    assert LateChunker(minilm).overlap == 64
+    assert LateChunker(TextTokenizer.from_folder(default_model_dir, max_seq_length=32)).overlap == 8   # a quarter
 
 
 def run_through_rose(folder, plan, max_batch_tokens=96):

@@ -115,3 +115,16 @@ def test_a_plain_tritonclient_stream_gets_chunk_vectors(server):
     finally:
         c.stop_stream()
         c.close()
+
+
+def test_the_overlap_is_a_tokenize_parameter(shared_server, default_model_dir, reference):
+    srv = shared_server({"tokenize": {"late_chunk_overlap": "16", "max_seq_length": "128"}}, name="late-overlap")
+    c = StreamConnection(srv.grpc_url)
+    try:
+        got = late(c, [LONG]).result(300)["EMBEDDINGS"]
+    finally:
+        c.close()
+    want = late_chunk_reference(default_model_dir, [LONG], window=128, overlap=16, reference=reference)[0]
+    assert cos_dist(got, want).max() < 1e-5
+    other = late_chunk_reference(default_model_dir, [LONG], window=128, overlap=64, reference=reference)[0]
+    assert cos_dist(got, other).max() > 1e-4                    # the overlap changes the vectors

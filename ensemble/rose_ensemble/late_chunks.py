@@ -1,6 +1,6 @@
 """Late chunking: a document given as its consecutive chunks -> one token plan, one vector per chunk.
 
-    chunker = LateChunker(text_tokenizer, overlap=64)
+    chunker = LateChunker(text_tokenizer, overlap=64)   # default: 64, at most a quarter of the window
     plan = chunker.plan(documents, prompt)      # documents: [[chunk, chunk, ...], ...] (str)
     # plan.input_ids / plan.seq_lens: the windows `rose` runs, end to end
     # plan.token_chunks: int32 [T], per window token the chunk row it is pooled into, or -1
@@ -26,6 +26,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from rose_ensemble.tokenization import InputError, TextTokenizer
+
+DEFAULT_OVERLAP = 64
 
 
 @dataclass(slots=True)
@@ -64,8 +66,11 @@ def owning_window(length: int, spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 class LateChunker:
-    def __init__(self, texts: TextTokenizer, overlap: int = 64):
+    def __init__(self, texts: TextTokenizer, overlap: int | None = None):
+        """overlap: tokens shared by neighbouring windows; None: DEFAULT_OVERLAP, at most a quarter
+        of the maximum length."""
         size = texts.max_seq_length
+        overlap = min(DEFAULT_OVERLAP, size // 4) if overlap is None else overlap
         if not 0 <= overlap < size:
             raise ValueError(f"late_chunk_overlap is {overlap}; it must be at least 0 and below the "
                              f"model's maximum length ({size} tokens)")

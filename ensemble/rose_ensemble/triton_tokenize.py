@@ -16,7 +16,7 @@ text_requests.py and late_chunks.py.
 
 config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults),
 and `late_chunk_overlap` (tokens shared by neighbouring windows of a long late-chunked document,
-default 64), read here. Bad input gets an INVALID_ARG error naming what is wrong.
+default 64, at most a quarter of the maximum length), read here. Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
@@ -41,8 +41,6 @@ from rose_ensemble.text_requests import encode_jobs, read_text_job, wants_counts
 from rose_ensemble.tokenization import InputError, TextTokenizer
 from rose_ensemble.tokenize_batcher import Job, TokenizeBatcher
 
-LATE_CHUNK_OVERLAP = 64          # default of the parameter late_chunk_overlap
-
 
 @dataclass(slots=True)
 class _Timed:
@@ -55,7 +53,7 @@ class TokenizeModel:
         watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
         try:
             config = self._model_config(args)
-            overlap = _pop_parameter(config, "late_chunk_overlap", LATE_CHUNK_OVERLAP)
+            overlap = _pop_parameter(config, "late_chunk_overlap")
             self.settings = s = TokenizeSettings.from_model_config(config)
             model_dir = resolve_model_dir(s.model_dir or None)
             self.tokenizer = TextTokenizer.from_folder(
@@ -127,11 +125,12 @@ class TokenizeModel:
             pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens), pb_utils.Tensor("TOKEN_TYPE_IDS", types)])
 
 
-def _pop_parameter(config: dict, name: str, default: int) -> int:
-    """A parameter of this module's own (not TokenizeSettings'), taken out of the model config."""
+def _pop_parameter(config: dict, name: str) -> int | None:
+    """An integer parameter of this module's own (not TokenizeSettings'), taken out of the model
+    config; None when unset."""
     raw = ((config.get("parameters") or {}).pop(name, None) or {}).get("string_value", "").strip()
     try:
-        return int(raw) if raw else default
+        return int(raw) if raw else None
     except ValueError:
         raise ValueError(f"parameter {name} must be an integer, got {raw!r}") from None
 
