@@ -138,6 +138,8 @@ TOKEN_INPUTS = ("TOKEN_CHUNKS", "TOKEN_COUNTS", "TRUNCATED")     # rose's option
 def with_token_inputs(opts: OutputOptions, inputs: dict, seq_lens: np.ndarray, limits) -> OutputOptions:
     """opts with the request's TOKEN_CHUNKS (late chunking: the engine then returns hidden states),
     TOKEN_COUNTS and TRUNCATED checked and attached; `inputs` {name: array}; ValueError if bad."""
+    if not inputs:                           # the common case: none of them
+        return opts
     from dataclasses import replace
     from rose_backend.serving.validation import validate_counts, validate_token_chunks
     late = validate_token_chunks(inputs.get("TOKEN_CHUNKS"), int(seq_lens.sum(dtype=np.int64)), limits)
