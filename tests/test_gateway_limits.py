@@ -212,6 +212,22 @@ def test_malformed_framing_gets_400_in_json(gw, head, words):
     assert_serving(gw)
 
 
+def test_an_upgrade_request_is_answered_over_http_1_1_and_closed(gw):
+    """curl --http2 on http:// asks to switch to h2c. The gateway does not switch: a request without a
+    body is answered in HTTP/1.1 and the connection closed (the parser stops at an upgrade; left
+    open, it would never time out); one with a body, which the parser would lose, gets a clear 400."""
+    upgrade = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAAQAoAAA"}
+    with connect(gw) as s:
+        s.sendall(request("/health", headers=upgrade, method="GET"))
+        status, _, body = read_response(s)
+        assert status == 200 and json.loads(body)["status"] == "ready", body
+        s.sendall(request("/health", method="GET"))
+        assert s.recv(100) == b""
+    status, _, body = roundtrip(gw, request("/v1/embeddings", b'{"input": "x"}', upgrade))
+    assert status == 400 and body["error"]["code"] == "upgrade_not_supported" and "Upgrade" in body["error"]["message"]
+    assert_serving(gw)
+
+
 @pytest.mark.parametrize("ctype", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
 def test_post_needs_a_json_content_type(gw, ctype):
     headers = {"Content-Type": ctype} if ctype else {}

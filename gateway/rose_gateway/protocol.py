@@ -70,8 +70,8 @@ def default_max_connections(wanted: int | None) -> int:
     return min(wanted or 1024, room)
 
 
-class _HeadTooLarge(Exception):
-    pass
+class _Refused(Exception):
+    """Raised in a parser callback to stop parsing; the refusal is in LimitedHttpProtocol._refusal."""
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
@@ -86,7 +86,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._timer = None
         self._head_bytes = self._head_size = self._header_count = self._body_bytes = 0
         self._body_t0 = 0.0
-        self._too_large: str | None = None
+        self._refusal: tuple[int, str, str] | None = None     # set before a callback raises _Refused
 
     # ------------------------------------------------------------------ connection
     def connection_made(self, transport) -> None:
@@ -142,8 +142,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self.cycle.keep_alive = False
             return
         except httptools.HttpParserError as e:
-            if self._too_large is not None:
-                self._refuse(431, self._too_large, "request_header_fields_too_large")
+            if self._refusal is not None:
+                self._refuse(*self._refusal)
             else:
                 self._refuse(400, f"malformed HTTP request: {e}", "invalid_http")
             return
@@ -165,18 +165,26 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         if self._header_count > self.limits.max_headers:
-            self._too_large = f"the request has more than {self.limits.max_headers} header fields"
-            raise _HeadTooLarge
+            self._stop(431, f"the request has more than {self.limits.max_headers} header fields")
         self._grow_head(len(name) + len(value) + 4)
         super().on_header(name, value)
 
     def _grow_head(self, n: int) -> None:
         self._head_size += n
         if self._head_size > self.limits.max_header_bytes:
-            self._too_large = f"the request line and headers are over {self.limits.max_header_bytes} bytes"
-            raise _HeadTooLarge
+            self._stop(431, f"the request line and headers are over {self.limits.max_header_bytes} bytes")
+
+    def _stop(self, status: int, message: str, code: str = "request_header_fields_too_large") -> None:
+        self._refusal = (status, message, code)
+        raise _Refused
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") and v.strip() != b"0"
+                                                for n, v in self.headers):
+            # the parser hands what follows an upgrade request's headers to the new protocol: its body
+            # would be lost (the request would look empty); without a body it is served, then closed
+            self._stop(400, "the gateway does not switch protocols and cannot read the body of a request that "
+                            "asks to: send it without 'Connection: Upgrade' (curl: --http1.1)", "upgrade_not_supported")
         self._in_head = False
         self._head_bytes = 0
         self._body_bytes, self._body_t0 = 0, self.loop.time()
@@ -237,6 +245,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             cycle.disconnected = True                # the app's late answer is dropped, its receive() ends
             cycle.message_event.set()
         self.on_refused(status)
+        if self.flow is not None:
+            self.flow.resume_reading()               # paused under a large body: drained from here on
         self.transport.write(raw_error_response(status, message, code, retry_after))
         try:
             self.transport.write_eof()
