@@ -80,5 +80,5 @@ def test_one_speed_round_decision_and_table(study):
     result = {"corpus": {"texts": len(corpus)}, "parity": {"bpe": tb.parity({"bpe": paths["bpe"]}, corpus)["bpe"]},
               "speed": {"single-threaded": speed}}
     result["decision"] = tb.decide(result)
-    assert result["decision"]["bpe"]["tokie"]["adopt"] in (True, False)
-    assert "Decision" in tb.table(result)
+    assert result["decision"]["bpe"]["tokie"]["passes_rule"] in (True, False)
+    assert "The rule" in tb.table(result)

@@ -708,9 +708,9 @@ def run_speed(work: Path, paths: dict[str, Path], corpus: list[dict], threads: i
 # ----------------------------------------------------------------------------------------------
 
 def decide(result: dict) -> dict:
-    """Per tokenizer, the candidates that pass the rule: identical ids on every text AND at least
-    2x tokenizers' encode_batch (median, every text length, single-threaded and parallel) AND not
-    slower on one text."""
+    """Per tokenizer, the candidates that pass the rule: identical ids on every text (batch and one
+    at a time, untruncated and truncated) AND at least 2x tokenizers' encode_batch (the median of
+    every text length's cell, single-threaded and parallel)."""
     verdict = {}
     for tname, cands in result["parity"].items():
         verdict[tname] = {}
@@ -719,7 +719,7 @@ def decide(result: dict) -> dict:
                 continue
             same = identical(entry)
             if same is None:
-                verdict[tname][cname] = {"adopt": False, "why": "skipped: " + entry["skipped"]}
+                verdict[tname][cname] = {"passes_rule": False, "why": "skipped: " + entry["skipped"]}
                 continue
             speeds = [run["tokenizers"][tname]["batch"][w][cname]["vs_tokenizers"]["median"]
                       for run in result["speed"].values() for w in run["tokenizers"][tname]["batch"]
@@ -733,7 +733,8 @@ def decide(result: dict) -> dict:
                            f"({'untruncated' if worst[1] == 'plain' else 'truncated'}, {worst[2]})")
             if lowest is None or lowest < 2:
                 why.append(f"slowest batch cell {lowest}x tokenizers (< 2x)")
-            verdict[tname][cname] = {"adopt": not why, "min_batch_speedup": lowest, "why": "; ".join(why) or "passes"}
+            verdict[tname][cname] = {"passes_rule": not why, "min_batch_speedup": lowest,
+                                     "why": "; ".join(why) or f"identical ids; slowest batch cell {lowest}x"}
     return verdict
 
 
@@ -765,9 +766,9 @@ def table(result: dict) -> str:
         lines.append(f"  skip {n} ({', '.join(tnames)}): {why}")
     for label, run in result.get("speed", {}).items():
         lines.append("")
+        load = [f"{x[0]:.1f}" if x else "?" for x in (run.get("loadavg_before"), run.get("loadavg_after"))]
         lines.append(f"Batch speed-up vs tokenizers encode_batch ({label}; cores {run.get('cpus')}, load average "
-                     f"{run.get('loadavg_before', [None])[0]} -> {run.get('loadavg_after', [None])[0]}): median "
-                     "[min-max] over rounds; last column: tokenizers' tokens/s")
+                     f"{load[0]} -> {load[1]}): median [min-max] over rounds; last column: tokenizers' tokens/s")
         lines.append("| tokenizer | words | " + " | ".join(names) + " | tokenizers tok/s |")
         lines.append("|---|---|" + "---|" * (len(names) + 1))
         for tname, res in run["tokenizers"].items():
@@ -789,10 +790,11 @@ def table(result: dict) -> str:
                 lines.append(f"| {tname} | {w} | {cell['tokenizers']['us_per_call']:.1f} | " + " | ".join(row) + " |")
     if "decision" in result:
         lines.append("")
-        lines.append("Decision (identical ids on every text AND >= 2x tokenizers encode_batch in every batch cell):")
+        lines.append("The rule (identical ids on every text, batch and one at a time, untruncated and truncated, AND "
+                     ">= 2x tokenizers encode_batch, median, in every batch cell of both thread settings):")
         for tname, v in result["decision"].items():
             for cname, d in v.items():
-                lines.append(f"  {tname:9s} {cname:10s} {'ADOPT' if d['adopt'] else 'no'}: {d['why']}")
+                lines.append(f"  {tname:11s} {cname:14s} {'PASSES' if d['passes_rule'] else 'fails'}: {d['why']}")
     return "\n".join(lines)
 
 
