@@ -145,6 +145,17 @@ def test_a_silent_connection_is_closed(gw):
         assert HEADER_S - 0.5 <= time.monotonic() - t0 <= HEADER_S + 3
 
 
+def test_a_stalled_body_gets_408(gw):
+    with connect(gw) as s:
+        s.sendall(request("/v1/embeddings", headers={"Content-Length": "100"}) + b'{"input": "half')
+        t0 = time.monotonic()
+        status, _, body = read_response(s)
+        waited = time.monotonic() - t0
+        assert s.recv(100) == b""
+    assert status == 408 and "body did not arrive in time" in json.loads(body)["error"]["message"]
+    assert BODY_S - 0.5 <= waited <= BODY_S + 2.5, waited
+
+
 def test_a_trickling_body_is_cut_off_with_408(gw):
     with connect(gw) as s:
         s.sendall(request("/v1/embeddings", headers={"Content-Length": "100"}))
