@@ -160,8 +160,7 @@ def up_to_date(spec) -> bool:
 
 def build_modules(modules: list[Module], jobs: int) -> list[dict]:
     """Build each module (side by side, `jobs` at a time); one record per module."""
-    specs = [m.jit_spec() for m in modules]
-    os.environ.setdefault("MAX_JOBS", str(max(2, (os.cpu_count() or 2) // max(1, min(jobs, len(specs))))))
+    specs = [m.jit_spec() for m in modules]          # each ninja runs its own jobs ($MAX_JOBS, else ninja's)
 
     def build(spec) -> float:
         t0 = time.perf_counter()

@@ -108,12 +108,12 @@ def test_pplx_embed_on_hopper(folders):
 
 def test_every_backend_on_request(folders):
     cfg = cfg_of(folders, "pplx-embed")
-    assert [m.backend for m in flashinfer_modules(cfg, (9, 0), "float16", all_backends=True, **LIMITS)
-            if m.kind == "batch_prefill"] == ["fa2", "fa3"]
-    assert {m.dtype for m in flashinfer_modules(cfg, (9, 0), "float16", all_backends=True, **LIMITS)} == {"float16", ""}
-    # off Hopper there is no fa3; the table then leaves flashinfer's fa2 unpicked (torch varlen has the cells)
-    assert [m.backend for m in flashinfer_modules(cfg, (8, 0), "bfloat16", all_backends=True, **LIMITS)][:1] == ["fa2"]
-    assert [m.kind for m in flashinfer_modules(cfg, (8, 0), "bfloat16", **LIMITS)] == ["norm", "silu_and_mul"]
+    assert [m.label for m in flashinfer_modules(cfg, (9, 0), "float16", all_backends=True, **LIMITS)] == [
+        "batch_prefill fa2 float16 head_dim 128", "batch_prefill fa3 float16 head_dim 128", "norm", "silu_and_mul"]
+    # off Hopper there is no fa3, and the table leaves flashinfer's fa2 unpicked (torch varlen has the cells)
+    assert [m.label for m in flashinfer_modules(cfg, (8, 0), "bfloat16", all_backends=True, **LIMITS)] == [
+        "batch_prefill fa2 bfloat16 head_dim 128", "norm", "silu_and_mul"]
+    assert [m.label for m in flashinfer_modules(cfg, (8, 0), "bfloat16", **LIMITS)] == ["norm", "silu_and_mul"]
 
 
 def test_a_backend_named_by_the_settings_runs_alone(folders):

@@ -10,7 +10,8 @@
 #       the folder is never emptied). Shapes in readiness_bench's SEQSxTOTAL-TOKENS notation: 1x64,
 #       1x512, 8x4096 (8 x 512) and 100x51200 (100 x 512, the scoring / throughput request).
 # Results under $OUT/readiness/: <shape>-h200.json (model, cache, precompiled, ready_s,
-# first_request_ms, steady_p50_ms, commit, date), <shape>-precompile.json and the logs.
+# first_request_ms, steady_p50_ms, commit, date) and <shape>-precompile.json (what was built, how
+# long each part took); the logs in $OUT/readiness-logs.tar.xz (few files: the device returns a few).
 # Baseline without precompiling (known, not re-run): READY after 127 s (bge-m3), 144 s (pplx-embed).
 set -u
 COMMIT=${1:-unknown}
@@ -20,7 +21,9 @@ source benchmarks/gpu/enter_bench.sh || { echo "cold_start: the GPU kit did not 
 PRE=/tmp/rose-precompiled
 W=/tmp/rose-cold-start
 R=$OUT/readiness
-mkdir -p "$R" "$W"
+L=$W/logs
+rm -rf "$PRE" "$W"                  # the precompile starts from nothing, as on a fresh machine
+mkdir -p "$R" "$L"
 # every compile cache follows ROSE_CACHE_DIR (rose_backend/supervision.py cache_env)
 unset ROSE_CACHE_DIR FLASHINFER_WORKSPACE_BASE TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR CUDA_CACHE_PATH \
   FLASHINFER_CUDA_ARCH_LIST XDG_CACHE_HOME
@@ -32,22 +35,22 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 t_all=$(date +%s)
 for SHAPE in $SHAPES; do
   timeout 120 python3 -c "from rose_backend.testing.folders import make_folder; make_folder('$SHAPE', '$W/$SHAPE', device='cuda')" \
-    > "$R/$SHAPE-folder.log" 2>&1 || { echo "$SHAPE: the model folder was not made"; tail -5 "$R/$SHAPE-folder.log"; continue; }
+    > "$L/$SHAPE-folder.log" 2>&1 || { echo "$SHAPE: the model folder was not made"; tail -5 "$L/$SHAPE-folder.log"; continue; }
   t0=$(date +%s.%N)
-  timeout 300 python3 -m rose_backend.precompile --model "$W/$SHAPE" --out $PRE > "$R/$SHAPE-precompile.log" 2>&1
+  timeout 300 python3 -m rose_backend.precompile --model "$W/$SHAPE" --out $PRE > "$L/$SHAPE-precompile.log" 2>&1
   rc=$?
   echo "== $SHAPE: precompile rc=$rc in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
-  tail -8 "$R/$SHAPE-precompile.log"
+  tail -12 "$L/$SHAPE-precompile.log"
   cp $PRE/precompile.json "$R/$SHAPE-precompile.json" 2>/dev/null
   [ $rc = 0 ] || continue
   echo "   files under ~/.cache before the launch: $(find "$HOME/.cache" -type f 2>/dev/null | wc -l)"
   timeout 240 python3 benchmarks/readiness_bench.py --shape "$SHAPE" --device cuda --workdir $W --cache-dir $PRE \
     --launches cold --shapes 1x64,1x512,8x4096,100x51200 --steady 20 --git-commit "$COMMIT" \
-    --out "$R/$SHAPE-h200.json" > "$R/$SHAPE-readiness.log" 2>&1
+    --out "$R/$SHAPE-h200.json" > "$L/$SHAPE-readiness.log" 2>&1
   echo "   readiness rc=$?"
-  tail -6 "$R/$SHAPE-readiness.log"
-  cp $W/server-0-cold.log "$R/$SHAPE-server.log" 2>/dev/null
-  grep -h "warmed up" "$R/$SHAPE-server.log" | tail -1
+  tail -6 "$L/$SHAPE-readiness.log"
+  cp $W/server-0-cold.log "$L/$SHAPE-server.log" 2>/dev/null
 done
 echo "cold_start: $(( $(date +%s) - t_all )) s in all; compile cache: $(du -sh $PRE | cut -f1)"
+tar -C "$W" -cf - logs | xz -T0 > "$OUT/readiness-logs.tar.xz"
 ps -ef | grep -E '[t]ritonserver|[t]riton_python_backend_stub' | head -3
