@@ -23,6 +23,7 @@ class TritonState:
         self.urls, self.timeout, self.cache_s = urls, timeout, cache_s
         self._headers = grpc_api_key_headers(api_key)
         self._admin_headers = grpc_admin_headers(admin_key, api_key)
+        self._config_warned: set[str] = set()       # replicas whose model config was refused (logged once)
         self._clients: dict[str, InferenceServerClient] = {}
         self._rerank: tuple[float, bool] = (-1e9, False)
 
@@ -55,8 +56,10 @@ class TritonState:
                 cfg = await self._client(url).get_model_config("tokenize", headers=self._admin_headers, as_json=True,
                                                                client_timeout=self.timeout)
             except Exception as e:
-                log.warning("the tokenize settings of %s are not available (%s)", url, str(e).splitlines()[0][:300]
-                            if str(e) else type(e).__name__)
+                (log.debug if url in self._config_warned else log.warning)(
+                    "the tokenize settings of %s are not available (%s)", url,
+                    str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
+                self._config_warned.add(url)
                 await self._drop(url)
                 continue
             return cfg.get("config", cfg)
