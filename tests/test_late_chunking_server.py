@@ -128,3 +128,33 @@ def test_the_overlap_is_a_tokenize_parameter(shared_server, default_model_dir, r
     assert cos_dist(got, want).max() < 1e-5
     other = late_chunk_reference(default_model_dir, [LONG], window=128, overlap=64, reference=reference)[0]
     assert cos_dist(got, other).max() > 1e-4                    # the overlap changes the vectors
+
+
+def test_client_functions(server, conn, default_model_dir):
+    from rose_client import EmbeddingClient
+    from rose_client.dispatch import Chunk
+    from rose_client.late_chunks import LateChunksAsk, document_chunks, embed_counted, embed_late_chunks
+
+    raw = late(conn, DOCUMENTS, task="query").result(300)["EMBEDDINGS"]
+    vectors = embed_late_chunks(conn, DOCUMENTS, task="query")
+    assert [v.shape[0] for v in vectors] == [len(d) for d in DOCUMENTS]
+    np.testing.assert_array_equal(np.concatenate(vectors), raw)
+    counted = embed_late_chunks(conn, DOCUMENTS, task="query", counts=True)
+    assert [c.shape for c in counted.token_counts] == [(len(d),) for d in DOCUMENTS]
+    assert not any(t.any() for t in counted.truncated)
+    with pytest.raises(TypeError, match="each a list of its chunks"):
+        embed_late_chunks(conn, ["a document given as a string"])
+    # through EmbeddingClient's balancing and retries: whole documents per request, in order
+    client = EmbeddingClient(server.grpc_url, token_budget=64)
+    try:
+        ask = LateChunksAsk(DOCUMENTS)
+        chunks = document_chunks(client, DOCUMENTS, "query", Chunk)
+        assert len(chunks) == 3                         # each document its own request on this budget
+        got = client._run_sync(client.model, chunks, ask.n_chunks, ask)
+        for a, b in zip(got, vectors):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+    finally:
+        client.close()
+    texts = ["short", " ".join(["word"] * 400)]
+    c = embed_counted(conn, texts)
+    assert c.vectors.shape == (2, 384) and c.truncated.tolist() == [False, True] and c.token_counts[1] == 402
