@@ -753,10 +753,12 @@ def table(result: dict) -> str:
     names = [a.name for a in ADAPTERS if a is not REFERENCE]
     n_texts = result["corpus"]["texts"]
     lines.append(f"Parity: mismatching texts of {n_texts}, 'batch/one' untruncated then truncated at {TRUNCATE}")
+    lines.append("")
     lines.append("| tokenizer | " + " | ".join(names) + " |")
     lines.append("|---|" + "---|" * len(names))
     for tname, cands in result["parity"].items():
         lines.append(f"| {tname} | " + " | ".join(fmt_parity(cands.get(n, {"skipped": "-"})) for n in names) + " |")
+    lines.append("")
     skipped = {}
     for tname, c in result["parity"].items():
         for n, e in c.items():
@@ -769,6 +771,7 @@ def table(result: dict) -> str:
         load = [f"{x[0]:.1f}" if x else "?" for x in (run.get("loadavg_before"), run.get("loadavg_after"))]
         lines.append(f"Batch speed-up vs tokenizers encode_batch ({label}; cores {run.get('cpus')}, load average "
                      f"{load[0]} -> {load[1]}): median [min-max] over rounds; last column: tokenizers' tokens/s")
+        lines.append("")
         lines.append("| tokenizer | words | " + " | ".join(names) + " | tokenizers tok/s |")
         lines.append("|---|---|" + "---|" * (len(names) + 1))
         for tname, res in run["tokenizers"].items():
@@ -781,6 +784,7 @@ def table(result: dict) -> str:
                 lines.append(f"| {tname} | {w} | " + " | ".join(row) + f" | {cell['tokenizers']['tokens_per_s']:,} |")
         lines.append("")
         lines.append(f"One text ({label}): us per call (speed-up vs tokenizers encode)")
+        lines.append("")
         lines.append("| tokenizer | words | tokenizers | " + " | ".join(names) + " |")
         lines.append("|---|---|---|" + "---|" * len(names))
         for tname, res in run["tokenizers"].items():
