@@ -17,6 +17,8 @@ A variant is NAME:SETTING,... as in `rose_bench tail` (MODEL.PARAM=VALUE, env.VA
 "lanes:;one-lane:rose.bulk_threshold_tokens=1048576" (the second puts every request in one lane,
 first come first served, as before the lanes, when --bulk-lane is none).
 Results: <out>/lanes.json (command, git commit, machine, date), rewritten after every variant.
+`--modelled-device`: the same phases in this process on a modelled device instead of a server
+(lanes_model.py; <out>/lanes_modelled.json), for choosing the settings without a GPU.
 """
 from __future__ import annotations
 
@@ -187,6 +189,20 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def modelled(args, out: Path) -> int:
+    from rose_bench.lanes_model import one_variant as modelled_variant
+    result = {**run_record(args.git_commit, "cpu"), "modelled_device": args.device_ms,
+              "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "git_commit")},
+              "variants": {}}
+    for variant in filter(None, args.variants.split(";")):
+        result["variants"][variant.split(":")[0]] = res = modelled_variant(variant, args)
+        log(f"{variant}: " + json.dumps({p: {k: v for k, v in r.items() if k in ("query", "bulk", "device")}
+                                         for p, r in res["phases"].items()}))
+        (out / "lanes_modelled.json").write_text(json.dumps(result, indent=1))
+    print(table(result), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/rose-lanes")
@@ -201,12 +217,16 @@ def main(argv=None) -> int:
     ap.add_argument("--query-rate", type=float, default=50.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup-s", type=float, default=6.0)
+    ap.add_argument("--modelled-device", action="store_true", help="no server: a modelled device (lanes_model.py)")
+    ap.add_argument("--device-ms", default="0.6+0.00122*tokens", help="the modelled device's batch time")
     ap.add_argument("--work", default="/tmp/rose-lanes-work")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args(argv)
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
+    if args.modelled_device:
+        return modelled(args, out)
     cuda = cuda_available()
     if args.model == "default":
         from rose_backend.config import ModelConfig
