@@ -16,7 +16,7 @@ PACKAGES = {"rose_backend": ROOT / "rose_backend", "rose_ensemble": ROOT / "ense
 # rose_backend's layers, bottom up; a module may import its own layer and those below it.
 RANKS = [("rose_backend.config", 0), ("rose_backend.loading", 0), ("rose_backend.layers", 1),
          ("rose_backend.models", 2), ("rose_backend.engine", 3), ("rose_backend.serving", 4),
-         ("rose_backend.launcher", 5), ("rose_backend.triton_install", 5), ("rose_backend.testing", 5), ("rose_backend", 0)]
+         ("rose_backend.launcher", 5), ("rose_backend.triton_install", 5), ("rose_backend.precompile", 5), ("rose_backend.testing", 5), ("rose_backend", 0)]
 SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_bench", "torch", "transformers", "safetensors",
                "triton_python_backend_utils", "sentence_transformers")
 MAX_LINES = 350
