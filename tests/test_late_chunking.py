@@ -176,3 +176,28 @@ def test_default_model_matches_transformers_with_a_prompt(minilm, default_model_
     # a chunk's vector is not the vector of the chunk embedded alone (the context counts)
     alone = engine.embed([minilm.encode([body[1]])[0].tolist()])
     assert cos_dist(got["EMBEDDINGS"][1:2], alone)[0] > 1e-3
+
+
+def test_hidden_states_have_graphs_of_their_own(folders):
+    """The static-buffer path (a stand-in graph on the CPU): a batch asking for hidden states is
+    captured under its own key and replayed with the right rows; dense-only batches keep theirs."""
+    from rose_backend.engine.batch import PackedBatch
+    from rose_backend.testing.folders import random_ids
+    from rose_backend.testing.reference import Reference
+    folder = folders["tiny-bert (mean)"]
+    engine = Engine(ModelConfig.from_folder(folder), graphs=True)
+    ref = Reference(folder)
+    rng = np.random.default_rng(1)
+    for step in range(3):                                   # eager, capture, replay
+        lens = np.array([5, 9], np.int32)
+        ids = random_ids(rng, 1000, int(lens.sum()))
+        handle = engine.step(PackedBatch(ids, lens, frozenset({"hidden"})))
+        dense = handle.synchronize()
+        hidden = handle.extras["hidden"]
+        assert engine.last_key[-1] == "hidden" and hidden.shape == (14, 64)
+        want = np.concatenate([ref.hidden(ids[:5]).numpy(), ref.hidden(ids[5:]).numpy()])
+        np.testing.assert_allclose(hidden, want, atol=1e-4)
+        np.testing.assert_allclose(dense, ref.embed([ids[:5], ids[5:]]), atol=1e-4)
+    assert engine.stats.graph_captures == 1 and engine.stats.graph_replays == 1
+    engine.step(PackedBatch(ids, lens)).synchronize()
+    assert "hidden" not in engine.last_key and engine.stats.eager_runs == 2      # its own first sight

@@ -75,3 +75,20 @@ def test_rose_counts_its_sequences_as_given(conn):
         conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens),
                             ("TOKEN_COUNTS", np.array([3, 4], np.int32))]).result(60)
     assert set(conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(60)) == {"EMBEDDINGS"}
+
+
+def test_a_reranker_refuses_token_inputs_and_late_chunking(shared_server, tmp_path_factory):
+    from rose_backend.testing.reranker_folders import write_reranker_folder
+    folder = write_reranker_folder("tiny-bert-ce", tmp_path_factory.mktemp("ce") / "model")
+    srv = shared_server(None, model_dir=str(folder), name="ce-counts")
+    c = StreamConnection(srv.grpc_url)
+    try:
+        ids, lens = np.array([101, 2000, 102, 2001, 102], np.int32), np.array([5], np.int32)
+        with pytest.raises(ServerError, match="TOKEN_CHUNKS: a reranker takes no late chunking or token counts"):
+            c.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens),
+                             ("TOKEN_CHUNKS", np.array([-1, 0, -1, 0, -1], np.int32))]).result(60)
+        with pytest.raises(ServerError, match="DOC_CHUNKS .late chunking. is not available for this model"):
+            c.infer("tokenize", [("TEXT", ["a", "b"]), ("DOC_CHUNKS", np.array([2], np.int32))]).result(60)
+        assert c.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(60)["SCORES"].shape == (1,)
+    finally:
+        c.close()

@@ -135,6 +135,13 @@ def parse_options(requested, parameter: str | None, dimensions: np.ndarray | Non
 TOKEN_INPUTS = ("TOKEN_CHUNKS", "TOKEN_COUNTS", "TRUNCATED")     # rose's optional inputs read here
 
 
+def refuse_token_inputs(inputs: dict) -> None:
+    """A reranker scores pairs: late chunking and token counts are refused, never ignored."""
+    given = [n for n in TOKEN_INPUTS if n in inputs]
+    if given:
+        raise ValueError(f"{', '.join(given)}: a reranker takes no late chunking or token counts")
+
+
 def with_token_inputs(opts: OutputOptions, inputs: dict, seq_lens: np.ndarray, limits) -> OutputOptions:
     """opts with the request's TOKEN_CHUNKS (late chunking: the engine then returns hidden states),
     TOKEN_COUNTS and TRUNCATED checked and attached; `inputs` {name: array}; ValueError if bad."""

@@ -31,7 +31,7 @@ from rose_backend.serving.lane_metrics import lane_series
 from rose_backend.serving.lanes import lane_of_parameters
 from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_outputs, collect_piece, load_ranges,
-                                          parse_options, special_token_ids, with_token_inputs)
+                                          parse_options, refuse_token_inputs, special_token_ids, with_token_inputs)
 from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.polled_metrics import PolledMetrics
 from rose_backend.serving.scheduler import Request
@@ -118,7 +118,8 @@ class RoseModel:
                 input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
                 token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
                                                    self.limits)
-                opts = None if self.output_name == "SCORES" else self._options(request, inputs, seq_lens)
+                opts = refuse_token_inputs(inputs) if self.output_name == "SCORES" else \
+                    self._options(request, inputs, seq_lens)
                 lane = lane_of_parameters(request.parameters())      # interactive | bulk | None: by size
                 r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
                             token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
