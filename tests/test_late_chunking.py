@@ -201,3 +201,22 @@ def test_hidden_states_have_graphs_of_their_own(folders):
     assert engine.stats.graph_captures == 1 and engine.stats.graph_replays == 1
     engine.step(PackedBatch(ids, lens)).synchronize()
     assert "hidden" not in engine.last_key and engine.stats.eager_runs == 2      # its own first sight
+
+
+def test_one_batch_of_plain_and_late_jobs_answers_each_its_own(minilm):
+    """tokenize_batched encodes waiting requests together: a refused late-chunking job gets its own
+    error, the others their outputs, as if encoded alone."""
+    from rose_ensemble.text_requests import TextJob, encode_jobs
+    chunker = LateChunker(minilm)
+    plain = TextJob(["hello world", "a second text"], np.zeros(2, bool), counted=True)
+    good = TextJob(documents=[["Paris is ", "big."]])
+    bad = TextJob(documents=[["Paris", ""]])
+    results = encode_jobs(minilm, chunker, [plain, bad, good, TextJob(["alone"], np.zeros(1, bool))])
+    assert isinstance(results[1], InputError) and "TEXT[1] (document 0, chunk 1)" in str(results[1])
+    alone = [encode_jobs(minilm, chunker, [j])[0] for j in (plain, good)]
+    for got, want in zip((results[0], results[2]), alone):
+        assert [n for n, _ in got] == [n for n, _ in want]
+        for (_, a), (_, b) in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    assert [n for n, _ in results[2]] == ["INPUT_IDS", "SEQ_LENS", "TOKEN_CHUNKS"]
+    assert [n for n, _ in results[3]] == ["INPUT_IDS", "SEQ_LENS"]

@@ -70,6 +70,8 @@ def test_the_job_marks_token_and_byte_cuts(default_model_dir):
 def test_which_requests_ask_for_counts():
     assert wants_counts("token_counts") and wants_counts(" sparse , Truncated") and wants_counts(None, ["TRUNCATED"])
     assert not wants_counts("sparse,colbert") and not wants_counts("") and not wants_counts(None, ["EMBEDDINGS"])
+    every = frozenset({"INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"})
+    assert not wants_counts(None, every, every) and wants_counts(None, every - {"SEQ_LENS"}, every)   # none named
     names, engine = choose_outputs({"EMBEDDINGS", "TOKEN_COUNTS"}, None)
     assert names == {"EMBEDDINGS", "TOKEN_COUNTS"} and engine == frozenset()
     names, _ = choose_outputs({"EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED", "SPARSE_IDS"}, "truncated")

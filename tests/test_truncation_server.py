@@ -61,6 +61,7 @@ def test_tokenize_gives_them_when_named(conn, hf_count):
     got = conn.infer("tokenize", [("TEXT", texts)], outputs=["INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"]).result(60)
     assert got["SEQ_LENS"].tolist() == [hf_count(texts[0]), 256]
     assert got["TOKEN_COUNTS"].tolist() == [hf_count(t) for t in texts] and got["TRUNCATED"].tolist() == [False, True]
+    assert set(conn.infer("tokenize", [("TEXT", texts)]).result(60)) == {"INPUT_IDS", "SEQ_LENS"}     # none named
 
 
 def test_rose_counts_its_sequences_as_given(conn):

@@ -33,13 +33,16 @@ class TextJob:
     counted: bool = False                       # also TOKEN_COUNTS and TRUNCATED
 
 
-def wants_counts(parameter: str | None = None, requested=()) -> bool:
+def wants_counts(parameter: str | None = None, requested=(), all_outputs=frozenset()) -> bool:
     """Whether a request asks for TOKEN_COUNTS / TRUNCATED: by the request parameter `outputs`
-    (what reaches a step of the `embed` ensemble) or by naming them (a direct `tokenize` call)."""
+    (what reaches a step of the `embed` ensemble) or by naming them (a direct `tokenize` call). A
+    request naming no outputs is given all of them by Triton (`requested` then holds every one of
+    `all_outputs`): that asks for none of these, as before they existed."""
     if parameter:
         if COUNT_KINDS & {k.strip().lower() for k in str(parameter).split(",")}:
             return True
-    return any(n in COUNT_OUTPUTS for n in requested)
+    requested = frozenset(requested)
+    return bool(requested & set(COUNT_OUTPUTS)) and not (all_outputs and requested >= all_outputs)
 
 
 def prompt_name_of(inputs: dict) -> str | None:

@@ -53,6 +53,7 @@ class TokenizeModel:
         watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
         try:
             config = self._model_config(args)
+            self.output_names = frozenset(o["name"] for o in json.loads(args["model_config"]).get("output", []))
             overlap = _pop_parameter(config, "late_chunk_overlap")
             self.settings = s = TokenizeSettings.from_model_config(config)
             model_dir = resolve_model_dir(s.model_dir or None)
@@ -98,7 +99,8 @@ class TokenizeModel:
             if query is not None or documents is not None:
                 return self._pairs(inputs, query, documents)
             job = read_text_job(inputs, self.tokenizer, self.chunker,
-                                wants_counts(outputs_parameter(request), request.requested_output_names()))
+                                wants_counts(outputs_parameter(request), request.requested_output_names(),
+                                             self.output_names))
             result = encode_jobs(self.tokenizer, self.chunker, [job])[0]
             if isinstance(result, Exception):
                 raise result
