@@ -9,6 +9,7 @@ from rose_client.client import EmbeddingClient
 from rose_client.dispatch import Chunk, Job
 from rose_client.encoded import Ask, Encoded
 from rose_client.rerank import SCORES, pair_chunks, ranked
+from rose_client.token_requests import ragged_chunks, token_chunk_request
 
 
 class AsyncEmbeddingClient:
@@ -23,31 +24,50 @@ class AsyncEmbeddingClient:
         self.urls = self.sync.urls
 
     async def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
-                    encoding: str = "float32") -> np.ndarray:
+                    encoding: str = "float32", lane: str | None = None) -> np.ndarray:
         ask = Ask(dimensions=dimensions, encoding=encoding)
-        return (await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)).dense
+        return (await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask,
+                                lane)).dense
 
     async def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
-                     dimensions: int | None = None, encoding: str = "float32", task: str | None = None) -> Encoded:
+                     dimensions: int | None = None, encoding: str = "float32", task: str | None = None,
+                     lane: str | None = None) -> Encoded:
         ask = Ask(dense, sparse, colbert, dimensions, encoding)
-        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask)
+        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask, lane)
 
-    async def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
-        return (await self._run(self.sync.token_model, self.sync._token_chunks(token_lists), len(token_lists),
-                                Ask())).dense
+    async def embed_tokens(self, token_lists: list[list[int]], dimensions: int | None = None,
+                           encoding: str = "float32", lane: str | None = None) -> np.ndarray:
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return (await self._run(self.sync.token_model, self.sync._token_chunks(token_lists, ask), len(token_lists),
+                                ask, lane)).dense
+
+    async def embed_ragged(self, input_ids: np.ndarray, seq_lens: np.ndarray, dimensions: int | None = None,
+                           encoding: str = "float32", lane: str | None = None) -> np.ndarray:
+        """See EmbeddingClient.embed_ragged."""
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return (await self._run(self.sync.token_model, ragged_chunks(self.sync, input_ids, seq_lens, ask),
+                                len(seq_lens), ask, lane)).dense
+
+    async def embed_token_chunks(self, input_ids: np.ndarray, seq_lens: np.ndarray, token_chunks: np.ndarray,
+                                 dimensions: int | None = None, encoding: str = "float32",
+                                 lane: str | None = None) -> np.ndarray:
+        """See EmbeddingClient.embed_token_chunks."""
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        chunks = token_chunk_request(input_ids, seq_lens, token_chunks, ask)
+        return (await self._run(self.sync.token_model, chunks, chunks[0].end, ask, lane)).dense
 
     async def rerank(self, query: str, documents: list[str], top_k: int | None = None,
-                     return_documents: bool = False, instruction: str | None = None):
+                     return_documents: bool = False, instruction: str | None = None, lane: str | None = None):
         """See EmbeddingClient.rerank."""
         chunks = pair_chunks(self.sync, query, documents, instruction, Chunk)
-        scores = (await self._run(self.sync.rerank_model, chunks, len(documents), SCORES)) if chunks \
+        scores = (await self._run(self.sync.rerank_model, chunks, len(documents), SCORES, lane)) if chunks \
             else np.zeros(0, np.float32)
         return ranked(scores, list(documents), top_k, return_documents)
 
     def stats(self):
         return self.sync.stats()
 
-    async def _run(self, model, chunks, n, ask: Ask) -> Encoded:
+    async def _run(self, model, chunks, n, ask: Ask, lane: str | None = None) -> Encoded:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -57,7 +77,7 @@ class AsyncEmbeddingClient:
             except RuntimeError:          # the loop is closed: nobody is waiting any more
                 pass
 
-        job = Job(self.sync, model, chunks, n, wake, ask)
+        job = Job(self.sync, model, chunks, n, wake, ask, lane)
         try:
             while True:
                 event.clear()

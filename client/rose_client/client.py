@@ -43,6 +43,7 @@ from rose_client.dispatch import AllReplicasDown, Attempt, Chunk, Job  # noqa: F
 from rose_client.encoded import Ask, Encoded
 from rose_client.replica import Replica
 from rose_client.rerank import SCORES, pair_chunks, ranked
+from rose_client.token_requests import ragged_chunks, token_chunk_request
 from rose_client.transport import Channel, StreamConnection
 
 
@@ -99,27 +100,49 @@ class EmbeddingClient:
 
     # ----------------------------------------------------------------------------- public API
     def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
-              encoding: str = "float32") -> np.ndarray:
+              encoding: str = "float32", lane: str | None = None) -> np.ndarray:
         """Embed texts; returns [len(texts), D] in input order: float32, or what `encoding` says
         (float16, int8, uint8; binary / ubinary: int8 / uint8 [n, D / 8]). `dimensions`: keep the
-        first d dimensions (Matryoshka; normalized again if the model normalizes)."""
+        first d dimensions (Matryoshka; normalized again if the model normalizes). `lane`:
+        "interactive" (scheduled before bulk work) or "bulk"; None: the server decides by size."""
         ask = Ask(dimensions=dimensions, encoding=encoding)
-        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask).dense
+        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask, lane).dense
 
     def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
-               dimensions: int | None = None, encoding: str = "float32", task: str | None = None) -> Encoded:
+               dimensions: int | None = None, encoding: str = "float32", task: str | None = None,
+               lane: str | None = None) -> Encoded:
         """Dense, sparse and / or ColBERT outputs of texts from one forward pass (BGE-M3's heads):
         .dense [n, D] (as embed), .sparse a {token id: weight} dict per input, .colbert a float32
         [tokens - 1, Dc] array per input. Chunked and balanced like embed."""
         ask = Ask(dense, sparse, colbert, dimensions, encoding)
-        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask)
+        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask, lane)
 
-    def embed_tokens(self, token_lists: list[list[int]]) -> np.ndarray:
-        """Embed pre-tokenized sequences (with the model's special tokens); float32 [n, D]."""
-        return self._run_sync(self.token_model, self._token_chunks(token_lists), len(token_lists), Ask()).dense
+    def embed_tokens(self, token_lists: list[list[int]], dimensions: int | None = None, encoding: str = "float32",
+                     lane: str | None = None) -> np.ndarray:
+        """Embed pre-tokenized sequences (with the model's special tokens); [n, D] as embed."""
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return self._run_sync(self.token_model, self._token_chunks(token_lists, ask), len(token_lists), ask,
+                              lane).dense
+
+    def embed_ragged(self, input_ids: np.ndarray, seq_lens: np.ndarray, dimensions: int | None = None,
+                     encoding: str = "float32", lane: str | None = None) -> np.ndarray:
+        """embed_tokens for sequences already end to end: input_ids int32 [sum(seq_lens)], seq_lens [n]."""
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        return self._run_sync(self.token_model, ragged_chunks(self, input_ids, seq_lens, ask), len(seq_lens), ask,
+                              lane).dense
+
+    def embed_token_chunks(self, input_ids: np.ndarray, seq_lens: np.ndarray, token_chunks: np.ndarray,
+                           dimensions: int | None = None, encoding: str = "float32",
+                           lane: str | None = None) -> np.ndarray:
+        """Late chunking of pre-tokenized documents in one `rose` request: token_chunks int32 [T]
+        gives each token's chunk row (0..n-1) or -1 (rose_ensemble.late_chunks' plan); [n, D], one
+        vector per chunk row."""
+        ask = Ask(dimensions=dimensions, encoding=encoding)
+        chunks = token_chunk_request(input_ids, seq_lens, token_chunks, ask)
+        return self._run_sync(self.token_model, chunks, chunks[0].end, ask, lane).dense
 
     def rerank(self, query: str, documents: list[str], top_k: int | None = None,
-               return_documents: bool = False, instruction: str | None = None):
+               return_documents: bool = False, instruction: str | None = None, lane: str | None = None):
         """Score each document against the query with a reranker deployment (`rerank`).
 
         Returns float32 [len(documents)] scores in document order; with top_k (or
@@ -128,7 +151,7 @@ class EmbeddingClient:
         Large lists are chunked and spread over the replicas like embed(). instruction: the task
         instruction of models that take one (Qwen3-Reranker)."""
         chunks = pair_chunks(self, query, documents, instruction, Chunk)
-        scores = self._run_sync(self.rerank_model, chunks, len(documents), SCORES) if chunks \
+        scores = self._run_sync(self.rerank_model, chunks, len(documents), SCORES, lane) if chunks \
             else np.zeros(0, np.float32)
         return ranked(scores, list(documents), top_k, return_documents)
 
@@ -171,19 +194,16 @@ class EmbeddingClient:
         ranges = chunk_ranges(costs, self.token_budget, self.max_chunk_seqs, sizes, self.max_chunk_bytes) or [(0, 0)]
         return [Chunk(s, e, sum(costs[s:e]), [("TEXT", texts[s:e])] + extra) for s, e in ranges]
 
-    def _token_chunks(self, token_lists) -> list[Chunk]:
+    def _token_chunks(self, token_lists, ask: Ask = Ask()) -> list[Chunk]:
         arrays = [np.asarray(t, dtype=np.int32).reshape(-1) for t in token_lists]
         lens = np.array([len(a) for a in arrays], dtype=np.int32)
         flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-        offs = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
-        ranges = chunk_ranges(lens.tolist(), self.token_budget, self.max_chunk_seqs) or [(0, 0)]
-        return [Chunk(s, e, int(offs[e] - offs[s]),
-                       [("INPUT_IDS", flat[offs[s]:offs[e]]), ("SEQ_LENS", lens[s:e])]) for s, e in ranges]
+        return ragged_chunks(self, flat, lens, ask)
 
     # ----------------------------------------------------------------------------- driving a call
-    def _run_sync(self, model: str, chunks: list[Chunk], n: int, ask: Ask) -> Encoded:
+    def _run_sync(self, model: str, chunks: list[Chunk], n: int, ask: Ask, lane: str | None = None) -> Encoded:
         event = threading.Event()
-        job = Job(self, model, chunks, n, event.set, ask)
+        job = Job(self, model, chunks, n, event.set, ask, lane)
         try:
             while True:
                 event.clear()

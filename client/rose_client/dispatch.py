@@ -19,8 +19,19 @@ from rose_client.transport import AccessDenied, Channel, ServerError, StreamConn
 NEVER = float("inf")
 
 
+LANES = ("interactive", "bulk")
+
+
 class AllReplicasDown(ConnectionError):
     """Every replica failed `retries` times in a row while a call still had chunks to place."""
+
+
+def check_lane(lane: str | None) -> str | None:
+    """A call's lane (the request parameter "lane": rose schedules "interactive" before "bulk";
+    None: by size); ValueError naming the choices."""
+    if lane is not None and lane not in LANES:
+        raise ValueError(f"lane must be one of {', '.join(map(repr, LANES))} or None, got {lane!r}")
+    return lane
 
 
 @dataclass
@@ -50,8 +61,11 @@ class Job:
     """One call's chunks in flight. `step()` does all the work and returns how long to wait for the
     next event (None: finished); the sync and the asyncio client only differ in how they wait."""
 
-    def __init__(self, client, model: str, chunks: list[Chunk], n: int, wake, ask: Ask = Ask()):
+    def __init__(self, client, model: str, chunks: list[Chunk], n: int, wake, ask: Ask = Ask(),
+                 lane: str | None = None):
         self.client, self.model, self.n, self.wake, self.ask = client, model, n, wake, ask
+        params, lane = ask.parameters(), check_lane(lane)
+        self.parameters = {**(params or {}), "lane": lane} if lane else params     # request parameters
         self.todo: list[Chunk] = list(chunks)           # waiting to be sent, in input order
         self.chunks = chunks
         self.inflight: set[Attempt] = set()
@@ -110,7 +124,7 @@ class Job:
             if channel is not None:
                 channel.close()
         for att in sent:                                 # outside the lock: callbacks may run inline
-            att.fut = att.conn.infer(self.model, att.chunk.inputs, self.ask.outputs(), self.ask.parameters())
+            att.fut = att.conn.infer(self.model, att.chunk.inputs, self.ask.outputs(), self.parameters)
             att.fut.add_done_callback(lambda f, a=att: c._on_done(a, self, f))
         if sent:
             return 0.0                                   # look at the queue again right away
