@@ -5,6 +5,9 @@ import argparse
 
 import pytest
 
+from rose_bench import tokenizer_adapters as ta
+from rose_bench import tokenizer_corpus as tc
+from rose_bench import tokenizer_parity as tp
 from rose_bench import tokenizers_bench as tb
 
 COUNTS = {9: 24, 128: 8, 512: 2, 4096: 1}
@@ -13,18 +16,18 @@ COUNTS = {9: 24, 128: 8, 512: 2, 4096: 1}
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     work = tmp_path_factory.mktemp("tokenizers_bench")
-    corpus = tb.make_corpus(7, COUNTS)
-    paths = tb.build_tokenizers(work, 7, train_texts=80, bpe_vocab=1000, unigram_vocab=2500)
+    corpus = tc.make_corpus(7, COUNTS)
+    paths = tc.build_tokenizers(work, 7, train_texts=80, bpe_vocab=1000, unigram_vocab=2500)
     return work, corpus, paths
 
 
-class NotInstalled(tb.Fastokens):
+class NotInstalled(ta.Fastokens):
     name, module = "not-installed", "rose_no_such_tokenizer_module"
 
 
 def test_corpus_is_seeded_and_covers_the_hard_cases():
-    a, b = tb.make_corpus(3, COUNTS), tb.make_corpus(3, COUNTS)
-    assert a == b and a != tb.make_corpus(4, COUNTS)
+    a, b = tc.make_corpus(3, COUNTS), tc.make_corpus(3, COUNTS)
+    assert a == b and a != tc.make_corpus(4, COUNTS)
     texts = "".join(c["text"] for c in a)
     assert {c["words"] for c in a} == {0, 9, 128, 512, 4096}
     assert "" in [c["text"] for c in a]
@@ -36,12 +39,12 @@ def test_corpus_is_seeded_and_covers_the_hard_cases():
 
 def test_parity_against_tokenizers(study, monkeypatch):
     _, corpus, paths = study
-    monkeypatch.setattr(tb, "MINIMIZE_CALLS", 300)
-    result = tb.parity(paths, corpus, adapters=tb.ADAPTERS + [NotInstalled])
+    monkeypatch.setattr(tp, "MINIMIZE_CALLS", 300)
+    result = tp.parity(paths, corpus, adapters=ta.ADAPTERS + [NotInstalled])
     assert {"wordpiece", "bpe", "unigram"} <= set(result) <= {"wordpiece", "bpe", "unigram", "unigram-spm"}
     for tname, cands in result.items():
         # rose's own path (encode_batch_fast) gives encode_batch's ids, untruncated and truncated
-        assert tb.identical(cands["tokenizers-fast"]) is True, tname
+        assert tp.identical(cands["tokenizers-fast"]) is True, tname
         assert "not installed" in cands["not-installed"]["skipped"]
         for cname, entry in cands.items():
             if cname.startswith("_") or "skipped" in entry:
@@ -59,14 +62,14 @@ def test_truncation_keeps_the_template_tokens(study):
     _, corpus, paths = study
     long_text = next(c["text"] for c in corpus if c["words"] == 4096)
     for tname, path in paths.items():
-        ids = tb.HFTokenizers(path, tb.TRUNCATE).one(long_text)
-        before, after = tb.template_ids(path)
-        assert len(ids) == tb.TRUNCATE, tname
+        ids = ta.HFTokenizers(path, tp.TRUNCATE).one(long_text)
+        before, after = ta.template_ids(path)
+        assert len(ids) == tp.TRUNCATE, tname
         assert ids[:len(before)] == before and ids[len(ids) - len(after):] == after, tname
 
 
 def test_minimize_finds_a_small_mismatch():
-    assert tb.minimize("abcdefXghijk" * 3, lambda t: "X" in t) == "X"
+    assert tp.minimize("abcdefXghijk" * 3, lambda t: "X" in t) == "X"
 
 
 def test_one_speed_round_decision_and_table(study):
@@ -77,7 +80,7 @@ def test_one_speed_round_decision_and_table(study):
     assert cell["tokenizers"]["texts_per_s"] > 0 and cell["tokenizers"]["vs_tokenizers"]["median"] == 1
     assert speed["tokenizers"]["bpe"]["one"]["9"]["tokenizers"]["us_per_call"] > 0
     assert speed["env"]["RAYON_NUM_THREADS"] == "1"
-    result = {"corpus": {"texts": len(corpus)}, "parity": {"bpe": tb.parity({"bpe": paths["bpe"]}, corpus)["bpe"]},
+    result = {"corpus": {"texts": len(corpus)}, "parity": {"bpe": tp.parity({"bpe": paths["bpe"]}, corpus)["bpe"]},
               "speed": {"single-threaded": speed}}
     result["decision"] = tb.decide(result)
     assert result["decision"]["bpe"]["tokie"]["passes_rule"] in (True, False)
