@@ -3,34 +3,29 @@
     python -m rose_backend.precompile --model FOLDER --out DIR [--arch sm_90] [--repository REPO]
     ROSE_CACHE_DIR=DIR make serve MODEL=FOLDER          # then nothing compiles at start-up
 
-DIR is laid out as supervision.cache_env lays out $ROSE_CACHE_DIR (DIR/flashinfer: flashinfer's JIT
-cache under DIR/flashinfer/.cache/flashinfer; DIR/triton: Triton's). Two parts:
-
-1. flashinfer's JIT modules, made with flashinfer's own JitSpecs (gen_batch_prefill_module,
-   gen_norm_module, gen_act_and_mul_module) and JitSpec.build(): the same sources, ninja file and
-   build folder as the server's first use makes, so the server's ninja run finds them up to date.
-   - ragged batch prefill, the module BatchPrefillWithRaggedKVCacheWrapper.plan loads for
-     FlashInferBackend.plan's arguments (q, kv and output in the model's dtype, int32 indptr, head_dim
-     qk = vo, no RoPE, no sliding window, no soft cap, no fp16 qk reduction; causal is a run-time
-     mask mode of the same module), one per flashinfer backend (fa2, fa3) that Engine.backend_for
-     can choose for the folder's heads on that architecture from attention_table.json over every
-     graph bucket; a backend named by the settings' `attention` alone; --all-backends: fa2, and fa3
-     on sm_90, whatever the table says;
-   - Qwen3 folders in bf16 / fp16: silu_and_mul, and the norm module (rmsnorm, fused_add_rmsnorm)
-     when flashinfer's norms take their CUDA JIT path; its CuTe DSL path compiles inside the serving
-     process and keeps nothing on disk, so it is not built here (and said so).
-   No GPU is needed: --arch sets FLASHINFER_CUDA_ARCH_LIST, which flashinfer's CompilationContext
-   reads instead of asking the devices; nvcc (CUDA_HOME or PATH) and ninja must be installed.
-2. With a GPU of that architecture: the engine built from the folder as `rose` builds it runs the
-   server's warm-up configurations once (eager, then captured), so the Triton-language kernels
-   (split-K GEMM, fused norms, q/k norm + RoPE) compile into DIR/triton, and any flashinfer module
-   part 1 missed lands in DIR/flashinfer. Without one this part is skipped and said so (Triton then
-   compiles those kernels at the server's warm-up, a few seconds).
-
+DIR is laid out as supervision.cache_env lays out $ROSE_CACHE_DIR (flashinfer's JIT cache under
+DIR/flashinfer/.cache/flashinfer, Triton's in DIR/triton). Two parts:
+1. flashinfer's modules, through its own JitSpecs (gen_batch_prefill_module, gen_norm_module,
+   gen_act_and_mul_module) and JitSpec.build(): the sources, ninja file and build folder the server's
+   first use makes, so its ninja run finds them up to date. Ragged batch prefill as
+   FlashInferBackend.plan loads it (q / kv / out in the model's dtype, int32 indptr, head_dim qk = vo,
+   no RoPE, sliding window, soft cap or fp16 qk reduction; causal is a run-time mask of the same
+   module) for each backend (fa2, fa3) Engine.backend_for can choose from attention_table.json over
+   every graph bucket (the settings' `attention` alone when set; --all-backends: fa2, and fa3 on
+   sm_90); for Qwen3 in bf16 / fp16 also silu_and_mul and the norm module (when flashinfer's norms
+   take their CUDA path: the CuTe DSL one compiles in the serving process, keeping nothing on disk).
+   No GPU needed: --arch sets FLASHINFER_CUDA_ARCH_LIST, which flashinfer's CompilationContext reads
+   instead of asking the devices; nvcc (CUDA_HOME or PATH) and ninja must be there.
+2. With a GPU of that architecture: the engine built as `rose` builds it runs the server's warm-up
+   configurations once, so the Triton-language kernels (split-K GEMM, fused norms, q/k norm + RoPE)
+   compile into DIR/triton. Without one this is skipped, and said so (they then compile at the
+   server's warm-up: seconds).
 flashinfer's ninja files hold absolute paths (DIR, flashinfer's package, CUDA) and ninja compares
-file times, so serve from the same DIR path with the same flashinfer install (installed before the
-build, not after), else the first use compiles again. Writes DIR/precompile.json (what was built).
-Exit status 0: built; 1: a build failed (the message says what); 2: bad arguments.
+file times: serve from the same DIR path and flashinfer install (installed before the build), else
+the first use compiles again. --aot also copies each module where flashinfer looks for prebuilt ones
+first (flashinfer.jit.env.FLASHINFER_AOT_DIR, in its package): that install then loads them with no
+nvcc, ninja or matching paths (e.g. copied from a Docker builder stage), on that architecture only.
+Writes DIR/precompile.json. Exit status 0: built; 1: a build failed (said why); 2: bad arguments.
 """
 from __future__ import annotations
 
@@ -38,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -183,6 +179,16 @@ def build_modules(modules: list[Module], jobs: int) -> list[dict]:
     return rows
 
 
+def install_aot(rows: list[dict]) -> None:
+    """Copy each built module to flashinfer's prebuilt-module folder, where JitSpec.try_load looks first."""
+    from flashinfer.jit import env as jit_env
+    for r in rows:
+        dest = Path(jit_env.FLASHINFER_AOT_DIR) / r["name"] / f"{r['name']}.so"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(r["library"], dest)
+        r["aot"] = str(dest)
+
+
 def engine_limits(cfg, settings) -> dict:
     """The engine's bucket limits as `rose` sets them (serving/triton_rose.py)."""
     return {"max_tokens": max(settings.max_batch_tokens, cfg.max_positions), "max_seqs": settings.max_batch_seqs}
@@ -228,6 +234,8 @@ def parse_args(argv):
     p.add_argument("--repository", help="model repository whose rose/config.pbtxt the server reads (default: defaults)")
     p.add_argument("--kind", help="model kind (default: the settings', else detected from the folder)")
     p.add_argument("--all-backends", action="store_true", help="every flashinfer attention backend of the arch")
+    p.add_argument("--aot", action="store_true", help="also copy the flashinfer modules into flashinfer's "
+                   "prebuilt-module folder (loaded with no nvcc; GPUs of this architecture only)")
     p.add_argument("--flashinfer-only", action="store_true", help="skip the engine warm-up even with a GPU")
     p.add_argument("--jobs", type=int, default=4, help="flashinfer modules built side by side (default 4)")
     p.add_argument("--dry-run", action="store_true", help="print what would be built, build nothing")
@@ -283,8 +291,10 @@ def main(argv=None) -> int:
             raise PrecompileError("flashinfer is not installed here (pip install flashinfer-python)")
         t0 = time.perf_counter()
         rows = build_modules(modules, args.jobs)
+        if args.aot:
+            install_aot(rows)
         for r in rows:
-            print(f"  built {r['name']}  {r['seconds']:.1f} s", flush=True)
+            print(f"  built {r['name']}  {r['seconds']:.1f} s" + (f" -> {r['aot']}" if args.aot else ""), flush=True)
         record["flashinfer"] = {"seconds": round(time.perf_counter() - t0, 1), "modules": rows}
         print(f"flashinfer: {len(rows)} modules in {record['flashinfer']['seconds']:.1f} s", flush=True)
         if args.flashinfer_only or gpu != arch:

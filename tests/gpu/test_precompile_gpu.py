@@ -3,7 +3,9 @@ flashinfer attention, norm and SiLU-and-mul modules, and every Triton-language k
 into an empty folder; then a second process, started as the server is (ROSE_CACHE_DIR = that folder,
 the other cache variables from supervision.cache_env, no FLASHINFER_CUDA_ARCH_LIST), builds the
 engine and runs the server's warm-up without compiling: no flashinfer object or library is written
-again, no Triton cache file appears, and it takes a fraction of the precompile's time.
+again, no Triton cache file appears, and it takes a fraction of the precompile's time. And --aot,
+built with the GPU hidden (a builder without one): a process with an empty cache and no nvcc runs
+the modules it placed in flashinfer's prebuilt-module folder.
 
     source .gpu/enter.sh && python3 -m pytest tests/gpu/test_precompile_gpu.py -q -s
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +37,13 @@ from rose_backend.precompile import load_settings, warm_engine
 warm = warm_engine(ModelConfig.from_folder(sys.argv[1]), load_settings(None))
 from flashinfer.jit import env
 print(json.dumps({**warm, "seconds": time.perf_counter() - t0, "workspace": str(env.FLASHINFER_WORKSPACE_DIR)}))
+"""
+NO_NVCC = """
+import torch, flashinfer
+x = torch.randn(8, 128, device="cuda", dtype=torch.bfloat16)
+flashinfer.norm.rmsnorm(x, torch.ones(128, device="cuda", dtype=torch.bfloat16))
+flashinfer.activation.silu_and_mul(torch.randn(8, 256, device="cuda", dtype=torch.bfloat16))
+torch.cuda.synchronize()
 """
 
 
@@ -75,3 +85,33 @@ def test_a_precompiled_folder_serves_without_compiling(gpu_tmp, tmp_path):
     if hopper:
         assert "flashinfer_fa3" in served["attention"]                        # the prebuilt module was loaded
     assert served["seconds"] < record["seconds"] / 2
+
+
+def test_aot_modules_load_without_nvcc(gpu_tmp, tmp_path):
+    from flashinfer.jit import env
+    folder = make_folder("tiny-qwen3", gpu_tmp / "precompile-tiny-qwen3")      # head_dim 16: norm, silu_and_mul
+    major, minor = torch.cuda.get_device_capability(0)
+    base = {k: v for k, v in os.environ.items() if k not in OURS}
+    aot = Path(env.FLASHINFER_AOT_DIR)
+    before = {p.name for p in aot.iterdir()} if aot.is_dir() else set()
+    try:
+        r = subprocess.run([sys.executable, "-m", "rose_backend.precompile", "--model", str(folder), "--out",
+                            str(tmp_path / "cache"), "--arch", f"{major}.{minor}", "--aot"], cwd=ROOT,
+                           env={**base, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=600)
+        print(r.stdout[-2000:])
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "skipped: the Triton-language kernels" in r.stdout                 # no GPU seen
+        modules = json.loads((tmp_path / "cache" / "precompile.json").read_text())["flashinfer"]["modules"]
+        assert "silu_and_mul" in {m["kind"] for m in modules}
+        assert all(Path(m["aot"]).is_file() and Path(m["aot"]).parent.parent == aot for m in modules)
+        no_nvcc = os.pathsep.join(d for d in base.get("PATH", "").split(os.pathsep) if not (Path(d) / "nvcc").exists())
+        empty = tmp_path / "empty"
+        s = subprocess.run([sys.executable, "-c", NO_NVCC], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**base, "PATH": no_nvcc, "CUDA_HOME": str(tmp_path / "no-cuda"),
+                                "FLASHINFER_WORKSPACE_BASE": str(empty)})
+        assert s.returncode == 0, s.stderr[-3000:]
+        assert [p for p in empty.rglob("*") if p.suffix in (".o", ".so")] == []     # loaded, not compiled
+    finally:
+        for p in (aot.iterdir() if aot.is_dir() else ()):
+            if p.name not in before:
+                shutil.rmtree(p)
