@@ -219,6 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-s", type=float, default=6.0)
     ap.add_argument("--modelled-device", action="store_true", help="no server: a modelled device (lanes_model.py)")
     ap.add_argument("--device-ms", default="0.6+0.00122*tokens", help="the modelled device's batch time")
+    ap.add_argument("--plan-ms", type=float, default=0.0, help="modelled host time of a batch of > 8 sequences")
     ap.add_argument("--work", default="/tmp/rose-lanes-work")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = ap.parse_args(argv)

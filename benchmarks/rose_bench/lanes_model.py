@@ -7,7 +7,8 @@ device that is a model, not a GPU: a batch of T tokens takes `a + b * T` millise
 one after another in launch order as on one CUDA stream, and a handle is ready once its batch's
 time has passed. The defaults are the H200's BGE-M3 graph replays (benchmarks/RESULTS-engine.md:
 2560 tokens 3.74 ms, 12800 tokens 16.1 ms, 51200 tokens 62.8 ms). Clients are threads of this
-process: `--bulk-clients` sending `--bulk-seqs` x `--bulk-len` without pause, one sending 1 x
+process; `--plan-ms`: host time inside step() for a batch of more than 8 sequences, before its
+device time starts (flashinfer fa3's plan: 0.5-1.8 ms on the H200 host). `--bulk-clients` sending `--bulk-seqs` x `--bulk-len` without pause, one sending 1 x
 `--query-len` at `--query-rate`. Latency is from submit() to the answer; the host work around the
 device (forming, packing, answering) is this machine's. What it cannot show: Triton's and gRPC's
 own time, and the real device's run-to-run spread. The phases and the table are those of `lanes`.
@@ -39,14 +40,16 @@ class ModelledHandle:
 class ModelledDevice:
     """step(batch) -> a handle ready `a + b * tokens` ms after the batches launched before it."""
 
-    def __init__(self, a_ms: float, b_ms_per_token: float):
-        self.a, self.b = a_ms / 1e3, b_ms_per_token / 1e3
+    def __init__(self, a_ms: float, b_ms_per_token: float, plan_ms: float = 0.0):
+        self.a, self.b, self.plan_s = a_ms / 1e3, b_ms_per_token / 1e3, plan_ms / 1e3
         self.free_at = 0.0
         self.busy_s = 0.0
         self.batches: list[tuple[int, int]] = []        # (sequences, tokens) of each batch launched
 
     def step(self, batch):
         tokens = int(batch.seq_lens.sum())
+        if self.plan_s and len(batch.seq_lens) > 8:
+            time.sleep(self.plan_s)
         run = self.a + self.b * tokens
         start = max(time.perf_counter(), self.free_at)
         self.free_at = start + run
@@ -112,7 +115,7 @@ def one_variant(variant: str, args) -> dict:
     name, params, _, _ = parse_variant(variant)
     rose = params.get("rose", {})
     settings = RoseSettings.from_values({k: v for k, v in rose.items()})
-    device = ModelledDevice(*parse_device(args.device_ms))
+    device = ModelledDevice(*parse_device(args.device_ms), plan_ms=args.plan_ms)
     answered: dict[int, tuple] = {}
 
     def on_complete(r):
@@ -123,7 +126,7 @@ def one_variant(variant: str, args) -> dict:
                            max_batch_seqs=settings.max_batch_seqs, max_inflight=settings.max_inflight,
                            max_queued_tokens=settings.max_queued_tokens, inline=True,
                            response_threads=settings.response_threads, lane_settings=settings)
-    res: dict = {"variant": variant, "device_ms": args.device_ms, "phases": {}}
+    res: dict = {"variant": variant, "device_ms": args.device_ms, "plan_ms": args.plan_ms, "phases": {}}
     try:
         if args.warmup_s:
             run_phase(svc, answered, "both", args, args.warmup_s)
