@@ -15,6 +15,14 @@ is present or recent (within `interactive_recent_ms`), LanePolicy makes them sma
 With no interactive traffic for `interactive_recent_ms`, bulk batches fill the whole budget, as
 with one lane.
 
+Why small batches rather than one bulk batch in flight: a query then waits for the rest of one
+batch, one more and its own (about 3 x `bulk_batch_tokens` of device time), while two batches in
+flight keep the device busy. With one bulk batch in flight, the device idles while the host forms
+and launches the next (flashinfer's plan alone is 0.5-1.8 ms on the H200 host). On a modelled H200
+(BGE-M3 graph replays, 4 clients of 100 x 512 beside 50 queries a second of 1 x 128;
+`python -m rose_bench lanes --modelled-device`): 6144 tokens, query p99 about 25 ms and bulk at
+94.6-95.7% of its rate alone; 7168, 28 ms and 96%; one lane, 273 ms.
+
 LaneStats counts, per lane, the batches holding its sequences and each request's wait from
 admission to its first batch (a histogram of cumulative bucket counts, for Prometheus).
 """

@@ -151,7 +151,7 @@ class Scheduler:
             raise ValueError(f"bulk_min_share must be between 0 and 1, got {bulk_min_share}")
         self.max_batch_tokens, self.max_batch_seqs = max_batch_tokens, max_batch_seqs
         self.bulk_threshold_tokens, self.bulk_min_share = bulk_threshold_tokens, bulk_min_share
-        self.lanes: dict[str, deque[Request]] = {lane: deque() for lane in LANES}
+        self.pools: dict[str, deque[Request]] = {lane: deque() for lane in LANES}   # one FCFS pool per lane
         self.queued_tokens = 0                    # tokens admitted but not yet scheduled
         self.lane_tokens = {lane: 0 for lane in LANES}    # the same, per lane
         self.lane_seqs = {lane: 0 for lane in LANES}      # sequences admitted but not yet scheduled
@@ -167,7 +167,7 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         lane = self.classify(request)
-        self.lanes[lane].append(request)
+        self.pools[lane].append(request)
         self._count(lane, request.num_tokens, request.num_seqs)
 
     def _count(self, lane: str, tokens: int, seqs: int) -> None:
@@ -176,11 +176,11 @@ class Scheduler:
         self.lane_seqs[lane] += seqs
 
     def has_work(self, lane: str | None = None) -> bool:
-        return bool(self.lanes[lane]) if lane else any(self.lanes.values())
+        return bool(self.pools[lane]) if lane else any(self.pools.values())
 
     def waiting(self) -> list[Request]:
         """Every request still in the pool, interactive first."""
-        return [r for lane in LANES for r in self.lanes[lane]]
+        return [r for lane in LANES for r in self.pools[lane]]
 
     def take_cancelled(self) -> list[Request]:
         """Requests that next_batch() found cancelled and removed since the last call."""
@@ -188,7 +188,7 @@ class Scheduler:
         return gone
 
     def remove(self, req: Request) -> None:
-        pool = self.lanes.get(req.lane)
+        pool = self.pools.get(req.lane)
         if pool is not None and req in pool:
             pool.remove(req)
             self._count(req.lane, -int(req.offsets[-1] - req.offsets[req.next_seq]), req.next_seq - req.num_seqs)
@@ -197,7 +197,7 @@ class Scheduler:
         """The next batch: interactive sequences first, then bulk ones, at most `bulk_tokens` of
         them (None: up to the budget; 0: none) unless interactive work waits beyond this batch, when
         bulk keeps its share (bulk_min_share of the tokens and sequences, at least one sequence)."""
-        inter, bulk = self.lanes[INTERACTIVE], self.lanes[BULK]
+        inter, bulk = self.pools[INTERACTIVE], self.pools[BULK]
         tokens_for_inter, seqs_for_inter = self.max_batch_tokens, self.max_batch_seqs
         bulk_room = self.max_batch_tokens if bulk_tokens is None else bulk_tokens
         if inter and bulk:
@@ -222,7 +222,7 @@ class Scheduler:
               now: float) -> tuple[int, int]:
         """Append pieces of `lane`'s requests, in order, while the batch stays within token_cap
         tokens and seq_cap sequences (the first sequence of an empty batch goes whatever its length)."""
-        pool = self.lanes[lane]
+        pool = self.pools[lane]
         while pool and seqs < seq_cap:
             req = pool[0]
             # Asking whether a caller has gone costs a round trip to the server, so only
