@@ -16,12 +16,14 @@ import tritonclient.grpc as grpcclient
 
 from server_metrics import rose_metric, wait_idle
 
-REQUESTS, SEQS, WORDS = 40, 8, 100
+REQUESTS, SEQS, WORDS = 40, 8, 100     # through embed ~200 tokens a text: 64k tokens, seconds on a CPU
 
 
-def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False) -> tuple[float, float]:
-    """Queue REQUESTS requests of SEQS sequences on one stream and cancel the stream half a second
-    later, or (all_in_rose) once every request is tokenized and rose still has a backlog;
+def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False, requests: int = REQUESTS,
+                         seqs: int = SEQS) -> tuple[float, float]:
+    """Queue `requests` requests of `seqs` sequences on one stream and cancel the stream half a
+    second later, or (all_in_rose) once every request is tokenized and rose still has a backlog
+    (the metrics are polled about once a second: the backlog must outlast that);
     (requests rose cancelled, sequences it computed), once the server is idle again."""
     wait_idle(server)
     cancelled0, seqs0 = rose_metric(server, "rose_requests_cancelled_total"), rose_metric(server, "rose_sequences_total")
@@ -29,21 +31,23 @@ def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False) -> tuple
     c = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: answers.put((result, error)))
-    for i in range(REQUESTS):
+    for i in range(requests):
         if model == "rose":
-            ids = np.full(SEQS * (WORDS + 2), 2773 + i, np.int32)
+            ids = np.full(seqs * (WORDS + 2), 2773 + i, np.int32)
             inputs = [grpcclient.InferInput("INPUT_IDS", [ids.size], "INT32"),
-                      grpcclient.InferInput("SEQ_LENS", [SEQS], "INT32")]
+                      grpcclient.InferInput("SEQ_LENS", [seqs], "INT32")]
             inputs[0].set_data_from_numpy(ids)
-            inputs[1].set_data_from_numpy(np.full(SEQS, WORDS + 2, np.int32))
+            inputs[1].set_data_from_numpy(np.full(seqs, WORDS + 2, np.int32))
         else:
-            inputs = [grpcclient.InferInput("TEXT", [SEQS], "BYTES")]
-            inputs[0].set_data_from_numpy(np.array([(f"word{i} " * WORDS).encode()] * SEQS, dtype=object))
+            inputs = [grpcclient.InferInput("TEXT", [seqs], "BYTES")]
+            inputs[0].set_data_from_numpy(np.array([(f"word{i} " * WORDS).encode()] * seqs, dtype=object))
         c.async_stream_infer(model, inputs, request_id=str(i))
     time.sleep(0.5)
-    while all_in_rose and rose_metric(server, "rose_tokenize_encoded_requests_total") - tokenized0 < REQUESTS:
+    deadline = time.monotonic() + 30
+    while all_in_rose and (rose_metric(server, "rose_tokenize_encoded_requests_total") - tokenized0 < requests
+                           or rose_metric(server, "rose_queue_tokens") == 0):
+        assert time.monotonic() < deadline and not answers.qsize() == requests, "rose had no backlog left"
         time.sleep(0.05)
-    assert not all_in_rose or rose_metric(server, "rose_queue_tokens") > 0, "rose had no backlog left"
     c.stop_stream(cancel_requests=True)
     c.close()
     wait_idle(server)
