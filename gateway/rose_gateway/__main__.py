@@ -1,42 +1,73 @@
-"""python -m rose_gateway --triton-urls 127.0.0.1:8001 [--port 8080] [--host 127.0.0.1] [--api-key-file PATH]
+"""python -m rose_gateway --triton-urls 127.0.0.1:8001 [--port 8080] [--host 127.0.0.1] [--workers N]
+                          [--api-key-file PATH]
 
 The API key comes from $API_KEY or --api-key-file (never the command line: `ps` shows it), Triton's
-admin key from $ROSE_ADMIN_KEY. On SIGTERM the gateway stops taking connections, gives requests in
-flight --drain-timeout seconds (default 10), answers what is left with 503 and exits.
+admin key from $ROSE_ADMIN_KEY. --workers (or $GATEWAY_WORKERS; default: the cores this process
+may use) gateway processes share the port (workers.py); with 1 this process serves itself. On
+SIGTERM the gateway stops taking connections, gives requests in flight --drain-timeout seconds
+(default 10), answers what is left with 503 and exits.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import uvicorn
 
-from rose_gateway.app import create_app
-from rose_gateway.protocol import ConnectionLimits, default_max_connections, protocol_class
 from rose_gateway.settings import parse_args
+from rose_gateway.workers import STATE_ENV, mark_serving, reuseport_socket, supervise, unmark_serving, worker_of
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that marks its worker serving once it listens (workers.py)."""
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            mark_serving(os.environ.get(STATE_ENV))
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
         settings, log_level = parse_args(argv)
     except ValueError as e:
         print(f"rose_gateway: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s rose_gateway %(levelname)s %(message)s")
-    app = create_app(settings)
     s = settings
-    limits = ConnectionLimits(default_max_connections(s.max_connections), s.header_timeout, s.body_timeout,
-                              s.min_body_rate, s.max_header_bytes, s.max_headers, s.retry_after)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s rose_gateway %(levelname)s %(message)s")
+    worker = worker_of()
+    from rose_gateway.protocol import default_max_connections
+    cap = default_max_connections(s.max_connections)
+    if worker is None and s.workers > 1:
+        return supervise(s.host, s.port, s.workers, argv,
+                         f"rose gateway: http://{s.host}:{s.port}/v1/embeddings -> {','.join(s.triton_urls)} "
+                         f"({s.workers} workers, at most {cap} connections each)")
+    # the app is built here, in the process that serves it: no gRPC channel crosses a fork
+    from rose_gateway.app import create_app
+    from rose_gateway.protocol import ConnectionLimits, protocol_class
+    app = create_app(settings)
+    limits = ConnectionLimits(cap, s.header_timeout, s.body_timeout, s.min_body_rate, s.max_header_bytes,
+                              s.max_headers, s.retry_after)
     metrics = app.state.gateway.metrics
-    print(f"rose gateway: http://{s.host}:{s.port}/v1/embeddings -> {','.join(s.triton_urls)} "
-          f"(at most {limits.max_connections} connections)", flush=True)
+    if worker is None:
+        print(f"rose gateway: http://{s.host}:{s.port}/v1/embeddings -> {','.join(s.triton_urls)} "
+              f"(at most {limits.max_connections} connections)", flush=True)
     # uvloop and httptools (the `gateway` extra pins them) under protocol.py's limits, which answer in
     # OpenAI's JSON where uvicorn's own (limit_concurrency, its 400s) answer plain text; no WebSocket
     # upgrades; access log off: it costs more than the gateway's own work per request
-    uvicorn.run(app, host=s.host, port=s.port, log_level=log_level, access_log=False, ws="none",
-                http=protocol_class(limits, metrics.refused), timeout_keep_alive=s.keep_alive,
-                timeout_graceful_shutdown=s.drain_timeout)
-    return 0
+    config = uvicorn.Config(app, host=s.host, port=s.port, log_level=log_level, access_log=False, ws="none",
+                            http=protocol_class(limits, metrics.refused), timeout_keep_alive=s.keep_alive,
+                            timeout_graceful_shutdown=s.drain_timeout)
+    server = _Server(config)
+    # a worker binds its own SO_REUSEPORT socket now; uvicorn listens on it once the app has started
+    sockets = [reuseport_socket(s.host, s.port)] if worker is not None else None
+    try:
+        server.run(sockets=sockets)
+    finally:
+        unmark_serving(os.environ.get(STATE_ENV))
+    return 0 if server.started else 3           # 3: it never served (uvicorn's start-up failure)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 
+import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,9 +33,10 @@ from rose_gateway.rerank import Reranker, parse_rerank_request, rerank_response
 from rose_gateway.settings import GatewaySettings
 from rose_gateway.tokens import ModelInfo
 from rose_gateway.triton_state import TritonState
+from rose_gateway.workers import STATE_ENV, serving_count, worker_of
 
 log = logging.getLogger("rose_gateway")
-COUNT_INLINE = 32          # token-count up to this many texts on the event loop, more in a thread
+TOKENIZE_INLINE_CHARS = 4096     # requests of up to this many characters are tokenized on the event loop
 
 
 class Gateway:
@@ -60,9 +63,11 @@ class Gateway:
                                            backoff=0.05, max_backoff=1.0, chunk_timeout=s.timeout, api_key=s.api_key)
         self.state = TritonState(s.triton_urls, api_key=s.api_key, admin_key=s.admin_key)
         self.reranker = Reranker(s.triton_urls, s.timeout, s.retry_after, api_key=s.api_key)
+        learn = asyncio.ensure_future(self._learn_server_settings())     # before the first request, if it can
         try:
             yield
         finally:
+            learn.cancel()
             await self.state.close()
             self.reranker.close()
             await self.client.close()
@@ -93,41 +98,63 @@ class Gateway:
     async def embeddings(self, request: Request) -> Response:
         req = parse_embedding_request(await self.read_json(request), self.settings.max_inputs)
         self.check_model(req.model)
+        truncated = None
         if req.texts is None:                        # token ids: Matryoshka cut here (see embeddings.py)
             check_dimensions(req.dimensions, self.model.normalizes)
             token_lists = self.model.cut_token_lists(req.token_lists, req.truncate)
-            counts = [len(t) for t in token_lists]
-            self.check_work(sum(counts))
-            call = asyncio.ensure_future(self.client.embed_tokens(token_lists))
+            truncated = np.fromiter((len(t) > self.model.max_seq_length for t in req.token_lists), bool)
+            tokens = sum(len(t) for t in token_lists)
+            self.check_work(tokens)
+            emb = await self._call(self.client.embed_tokens(token_lists, lane=req.lane))
+            emb = cut_dimensions(emb, req.dimensions, self.model.normalizes)
         else:
             await self._learn_server_settings()
-            self.model.check_task(req.task)
-            counts_first = not req.truncate or len(req.texts) > COUNT_INLINE or \
-                self.model.most_tokens(req.texts, req.task) > self.settings.max_request_tokens
-            counts = await self._count(req) if counts_first else None
-            if counts is not None:
-                self.check_work(sum(counts))
-            call = asyncio.ensure_future(self._embed_texts(req))
-        try:
-            if counts is None:
-                await asyncio.sleep(0)               # let the call go out, then count while it runs
-                counts = self.model.count_texts(req.texts, req.task, True)
-            emb = await call
-        except Exception as e:
-            call.cancel()
-            if isinstance(e, ApiError):
-                raise
-            raise from_triton(e, self.settings.triton_urls, self.settings.retry_after) from None
-        except BaseException:                        # cancelled: the client is gone, or the gateway stops
-            call.cancel()
-            raise
-        if req.texts is None:
-            emb = cut_dimensions(emb, req.dimensions, self.model.normalizes)
-        tokens = sum(counts)
+            if req.late_chunking:
+                emb, tokens = await self._late_chunks(req)
+            else:
+                toks = await self._tokenize(req)
+                tokens = toks.total
+                self.check_work(tokens)
+                truncated = toks.truncated
+                if self.model.server_settings_known:     # the ids straight to `rose`
+                    emb = await self._call(self.client.embed_ragged(toks.ids, toks.lens, dimensions=req.dimensions,
+                                                                    lane=req.lane))
+                else:                                    # the deployment's prompts are not known here yet
+                    emb = await self._call(self._embed_texts(req))
         self.metrics.inputs.inc(req.count)
         self.metrics.tokens.inc(tokens)
-        return Response(embedding_response(emb, req.encoding_format, self.name, tokens),
+        return Response(embedding_response(emb, req.encoding_format, self.name, tokens, truncated),
                         media_type="application/json")
+
+    async def _call(self, work):
+        """Await a rose_client call; its failures as the gateway's errors. A cancelled handler (the
+        client went away) cancels the call, which cancels its requests at the server."""
+        try:
+            return await work
+        except ApiError:
+            raise
+        except Exception as e:
+            raise from_triton(e, self.settings.triton_urls, self.settings.retry_after) from None
+
+    async def _tokenize(self, req):
+        """Short requests on the event loop (a thread hop costs more than the Rust call), long ones in
+        a thread (encode_batch releases the GIL)."""
+        if sum(map(len, req.texts)) <= TOKENIZE_INLINE_CHARS:
+            return self.model.tokenize(req.texts, req.task, req.truncate)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.model.tokenize, req.texts, req.task, req.truncate)
+
+    async def _late_chunks(self, req):
+        if not self.model.server_settings_known:
+            raise unavailable("late chunking waits for the deployment's tokenize settings, which no replica has "
+                              "reported yet; retry later", self.settings.retry_after)
+        plan = await asyncio.get_running_loop().run_in_executor(
+            None, self.model.plan_late_chunks, req.texts, req.task)
+        tokens = int(plan.seq_lens.sum(dtype=np.int64))
+        self.check_work(tokens)
+        emb = await self._call(self.client.embed_token_chunks(plan.input_ids, plan.seq_lens, plan.token_chunks,
+                                                              dimensions=req.dimensions, lane=req.lane))
+        return emb, tokens
 
     def check_work(self, tokens: int) -> None:
         limit = self.settings.max_request_tokens
@@ -139,8 +166,8 @@ class Gateway:
         """Texts through `embed`; `dimensions` goes to the server's DIMENSIONS input (first d values,
         normalised again when the model normalises)."""
         if req.dimensions is None:
-            return await self.client.embed(req.texts, task=req.task)
-        return (await self.client.encode(req.texts, dimensions=req.dimensions, task=req.task)).dense
+            return await self.client.embed(req.texts, task=req.task, lane=req.lane)
+        return (await self.client.encode(req.texts, dimensions=req.dimensions, task=req.task, lane=req.lane)).dense
 
     async def _learn_server_settings(self) -> None:
         """The deployment's `tokenize` settings, asked of Triton until one replica answers (at most
@@ -151,12 +178,6 @@ class Gateway:
         config = await self.state.tokenize_config()
         if config is not None:
             self.model.use_server_settings(config)
-
-    async def _count(self, req) -> list[int]:
-        if len(req.texts) <= COUNT_INLINE:
-            return self.model.count_texts(req.texts, req.task, req.truncate)
-        return await asyncio.get_running_loop().run_in_executor(
-            None, self.model.count_texts, req.texts, req.task, req.truncate)
 
     async def rerank(self, request: Request) -> Response:
         body = await self.read_json(request)
@@ -176,10 +197,15 @@ class Gateway:
     async def health(self, _request: Request) -> Response:
         replicas = await self.state.health()
         if any(s == "ready" for s in replicas.values()):
-            return JSONResponse({"status": "ready", "replicas": replicas})
+            return JSONResponse({"status": "ready", "replicas": replicas, "workers": self.workers()})
         e = unavailable("no Triton replica has its models ready", self.settings.retry_after)
         return JSONResponse({"status": "unavailable", "replicas": replicas, "error": e.message}, 503,
                             headers={"Retry-After": str(self.settings.retry_after)})
+
+    def workers(self) -> dict[str, int]:
+        """Gateway processes on this port: serving now, and started (workers.py)."""
+        of = worker_of()
+        return {"serving": serving_count(os.environ.get(STATE_ENV)) if of else 1, "started": of[1] if of else 1}
 
     async def metrics_page(self, _request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

@@ -2,7 +2,8 @@
 
     {"input": "text" | ["text", ...] | [101, 2054, 102] | [[101, 102], ...], "model": "...",
      "dimensions": 128, "encoding_format": "float" | "base64",
-     "task": "query", "truncate": true}          <- rose's extensions; unknown fields are ignored
+     "task": "query", "truncate": true, "lane": "interactive" | "bulk",
+     "late_chunking": true}                      <- rose's extensions; unknown fields are ignored
 
 Integers are checked against the range the server takes before anything converts them (the
 server's inputs are int32): `dimensions` 1 .. 2^31 - 1, token ids 0 .. 2^31 - 1; 400 naming the field.
@@ -13,7 +14,11 @@ gateway keeps the first d values and renormalises them, which matches the server
 that normalises; for one that does not, the field is refused (400).
 `encoding_format: base64`: each embedding as base64 of its little-endian float32 bytes (as OpenAI).
 `truncate` (default true, rose's behaviour): texts over the model's max_seq_length tokens are cut
-there (token-id inputs too); false refuses such an input with 400 naming it.
+there (token-id inputs too); false refuses such an input with 400 naming it. Each `data` item of
+an input that was cut carries `"truncated": true`.
+`lane`: passed to `rose` as the request parameter "lane" (interactive work is scheduled before bulk).
+`late_chunking`: `input` is the chunks of one document, in order (a list of strings); `data` has
+one embedding per chunk, each pooled over its own tokens of the whole document's forward pass.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import orjson
 from rose_gateway.errors import bad_request, too_large
 
 ENCODINGS = ("float", "base64")
+LANES = ("interactive", "bulk")
 MAX_INT32 = (1 << 31) - 1
 MAX_TOKEN_ID = MAX_INT32
 
@@ -40,6 +46,8 @@ class EmbeddingRequest:
     encoding_format: str
     task: str | None
     truncate: bool
+    lane: str | None = None
+    late_chunking: bool = False
 
     @property
     def count(self) -> int:
@@ -71,7 +79,18 @@ def parse_embedding_request(body: object, max_inputs: int) -> EmbeddingRequest:
         truncate = True
     if not isinstance(truncate, bool):
         raise bad_request("truncate", f"'truncate' must be true or false, got {_show(truncate)}")
-    return EmbeddingRequest(texts, token_lists, model, dims, enc, task, truncate)
+    lane = body.get("lane")
+    if lane is not None and lane not in LANES:
+        raise bad_request("lane", f"'lane' must be 'interactive' or 'bulk', got {_show(lane)}")
+    late = body.get("late_chunking", False)
+    if late is None:
+        late = False
+    if not isinstance(late, bool):
+        raise bad_request("late_chunking", f"'late_chunking' must be true or false, got {_show(late)}")
+    if late and texts is None:
+        raise bad_request("late_chunking", "'late_chunking' takes the chunks of one document as strings, "
+                                           "not token ids")
+    return EmbeddingRequest(texts, token_lists, model, dims, enc, task, truncate, lane, late)
 
 
 def _parse_input(value, max_inputs: int) -> tuple[list[str] | None, list[list[int]] | None]:
@@ -150,15 +169,20 @@ def cut_dimensions(emb: np.ndarray, dims: int | None, normalizes: bool) -> np.nd
     return np.ascontiguousarray(out / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
-def embedding_response(emb: np.ndarray, encoding: str, model: str, prompt_tokens: int) -> bytes:
-    """OpenAI's response body. Floats are written by orjson straight from the float32 array: the
-    shortest text that reads back as the same float32 (about 20 times faster than json.dumps)."""
+def embedding_response(emb: np.ndarray, encoding: str, model: str, prompt_tokens: int,
+                       truncated: np.ndarray | None = None) -> bytes:
+    """OpenAI's response body; `"truncated": true` on the items whose input was cut. Floats are
+    written by orjson straight from the float32 array: the shortest text that reads back as the
+    same float32 (about 20 times faster than json.dumps)."""
     if encoding == "base64":
         le = emb.astype("<f4", copy=False)
         rows = [base64.b64encode(le[i].tobytes()).decode("ascii") for i in range(len(le))]
     else:
         rows = list(emb)                                   # float32 [D] views, serialised by orjson
-    return orjson.dumps({"object": "list",
-                         "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
+    data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
+    if truncated is not None:
+        for i in np.flatnonzero(truncated).tolist():
+            data[i]["truncated"] = True
+    return orjson.dumps({"object": "list", "data": data,
                          "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}},
                         option=orjson.OPT_SERIALIZE_NUMPY)

@@ -2,8 +2,14 @@
 
 rose_gateway_requests_total{endpoint, status}: status 499 counts requests whose client went away
 before the answer; endpoint "connection" counts what the HTTP connections refused themselves
-(protocol.py: 400 malformed, 408 too slow, 431 headers too large, 503 connection cap)."""
+(protocol.py: 400 malformed, 408 too slow, 431 headers too large, 503 connection cap).
+
+With several workers (workers.py) every worker's values are kept in the shared folder
+$PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode) and /metrics, whichever worker
+answers it, sums them over all workers, those that have exited included."""
 from __future__ import annotations
+
+import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -36,4 +42,9 @@ class GatewayMetrics:
         self.observe("connection", status, 0.0)
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)

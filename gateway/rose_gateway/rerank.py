@@ -2,7 +2,7 @@
 (QUERY BYTES [1], DOCUMENTS BYTES [-1] -> SCORES FP32 [-1]).
 
     {"model": "...", "query": "what is rose?", "documents": ["...", {"text": "..."}],
-     "top_n": 3, "return_documents": true}
+     "top_n": 3, "return_documents": true, "lane": "interactive"}   <- lane: rose's extension
     -> {"id": "rerank-...", "model": "...", "results": [{"index": 2, "relevance_score": 0.91,
         "document": {"text": "..."}}, ...]}     (best first)
 
@@ -32,6 +32,7 @@ class RerankRequest:
     top_n: int | None
     return_documents: bool
     model: str | None
+    lane: str | None = None
 
 
 def parse_rerank_request(body: object, max_inputs: int) -> RerankRequest:
@@ -62,7 +63,12 @@ def parse_rerank_request(body: object, max_inputs: int) -> RerankRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model", "'model' must be a string")
-    return RerankRequest(query, texts, top_n, ret, model)
+    lane = body.get("lane")
+    if lane is not None and lane not in ("interactive", "bulk"):
+        shown = json.dumps(lane)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise bad_request("lane", f"'lane' must be 'interactive' or 'bulk', got {shown}")
+    return RerankRequest(query, texts, top_n, ret, model, lane)
 
 
 class Reranker:
@@ -79,7 +85,8 @@ class Reranker:
             conn = self._conns.get(url)
             if conn is None or conn.broken is not None:
                 conn = self._conns[url] = StreamConnection(url, headers=self._headers)
-            fut = conn.infer("rerank", [("QUERY", [req.query]), ("DOCUMENTS", req.documents)])
+            fut = conn.infer("rerank", [("QUERY", [req.query]), ("DOCUMENTS", req.documents)],
+                             parameters={"lane": req.lane} if req.lane else None)
             try:
                 out = await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout)
             except ServerError as e:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rose_client.client import parse_urls
+from rose_gateway.workers import default_workers
 
 INT32_MAX = (1 << 31) - 1
 
@@ -39,6 +40,7 @@ class GatewaySettings:
     max_headers: int = 100              # header fields per request; more: 431
     keep_alive: float = 30.0            # seconds an idle keep-alive connection is kept
     drain_timeout: float = 10.0         # seconds requests in flight get to finish on SIGTERM
+    workers: int = 1                    # gateway processes on the port (workers.py); 1: this process serves
 
     def __post_init__(self):
         self.triton_urls = parse_urls(self.triton_urls)
@@ -48,6 +50,8 @@ class GatewaySettings:
             raise ValueError("max_connections must be >= 1")
         if min(self.header_timeout, self.body_timeout, self.keep_alive) <= 0 or self.drain_timeout < 0:
             raise ValueError("header_timeout, body_timeout and keep_alive must be > 0, drain_timeout >= 0")
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
         if self.min_body_rate < 1 or self.max_header_bytes < 1024 or self.max_headers < 8:
             raise ValueError("min_body_rate must be >= 1, max_header_bytes >= 1024 and max_headers >= 8")
 
@@ -105,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
     p.add_argument("--keep-alive", type=float, default=30.0, help="seconds an idle connection is kept open")
     p.add_argument("--drain-timeout", type=float, default=10.0,
                    help="seconds requests in flight get to finish on SIGTERM before the gateway exits")
+    p.add_argument("--workers", type=int, default=int(env.get("GATEWAY_WORKERS") or default_workers()),
+                   help="gateway processes sharing the port ($GATEWAY_WORKERS; default: the cores this process "
+                        "may use, %(default)s here)")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--owner", default=None, help="a label naming who started this gateway, for process "
                    "listings only (GatewayProcess passes rose_<its pid>_, the prefix the tests' leak check looks for)")

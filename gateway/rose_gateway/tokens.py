@@ -1,55 +1,87 @@
-"""What the gateway knows of the served model, from its Hugging Face folder: token counts for
-`usage`, the truncation length, whether it normalises, and its name.
+"""What the gateway knows of the served model, from its Hugging Face folder and the deployment's
+`tokenize` settings: the tokenizer itself (rose_ensemble's TextTokenizer and LateChunker, the code
+the server's `tokenize` model runs, so the ids are exactly the ones `embed` would compute), the
+truncation length, whether it normalises, and its name.
 
-Counts come from rose_client's TextTokenCounter (the model's own tokenizer.json, Rust `tokenizers`)
-on the text as the server's `tokenize` model tokenizes it: the task's prompt prepended, texts cut to
-max_text_bytes first, the count capped at max_seq_length, where the server truncates. Prompts and
-limits come from the model folder, overridden by the deployment's `tokenize` parameters as Triton
-reports them (fetched on the first request that finds a replica up). Token-id inputs are counted exactly (their length).
+    model = ModelInfo(folder)
+    model.use_server_settings(config)        # Triton's `tokenize` model config: prompts, limits
+    toks = model.tokenize(["what is rose?"], task="query", truncate=True)
+    toks.ids, toks.lens, toks.truncated      # int32 [T], int32 [n], bool [n]
+
+Settings: the folder's prompts under the deployment's (`prompts`, `fallback_prompts`,
+`default_prompt_name`), `max_seq_length`, `max_text_bytes` (a longer text is cut to it first, at a
+whitespace near the limit) and `late_chunk_overlap`, merged as the `tokenize` model merges them.
+Until Triton has reported them (server_settings_known), texts go to `embed` and the folder's
+tokenizer only counts their tokens.
 """
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from rose_client.chunking import TextTokenCounter
+import numpy as np
 
+from rose_ensemble.late_chunks import ChunkPlan, LateChunker
+from rose_ensemble.tokenization import InputError, TextTokenizer
 from rose_gateway.errors import bad_request
 
 log = logging.getLogger("rose_gateway")
+_TEXT_INDEX = re.compile(r"TEXT\[(\d+)\]")
+
+
+@dataclass(slots=True)
+class Tokens:
+    ids: np.ndarray             # int32 [sum(lens)]: every text's ids end to end
+    lens: np.ndarray            # int32 [n]: tokens embedded per text
+    truncated: np.ndarray       # bool [n]: cut at max_seq_length tokens or at max_text_bytes bytes
+
+    @property
+    def total(self) -> int:
+        return int(self.lens.sum(dtype=np.int64))
 
 
 class ModelInfo:
-    def __init__(self, model_dir: str | Path | None, max_text_bytes: int = 65536):
+    def __init__(self, model_dir: str | Path | None):
         from rose_backend.config import ModelConfig     # stdlib only: no torch
+        from rose_backend.serving.settings import TokenizeSettings    # json and dataclasses only
         cfg = ModelConfig.from_folder(model_dir)
+        self.folder = cfg.model_dir
         self.name = model_name(cfg.model_dir)
-        self.max_seq_length = cfg.max_seq_length
         self.normalizes = cfg.normalize
-        self.folder_prompts, self.folder_default_prompt_name = dict(cfg.prompts), cfg.default_prompt_name
-        self.prompts, self.default_prompt_name = dict(cfg.prompts), cfg.default_prompt_name
-        self.max_text_bytes = max_text_bytes
-        self.counter = TextTokenCounter(cfg.model_dir, max_text_tokens=1 << 30)   # uncapped: see count_texts
+        self.is_embedding = cfg.kind == "embedding"
+        self.folder_prompts = dict(cfg.prompts)
+        self._use(TokenizeSettings(), None)
         self.server_answered = False        # Triton told us the tokenize settings (understood or not)
         self.server_settings_known = False  # ... and they are in force here
 
+    def _use(self, s, overlap: int | None) -> None:
+        self.tokenizer = TextTokenizer.from_folder(
+            self.folder, max_seq_length=s.max_seq_length or None, prompts=s.prompt_map,
+            fallback_prompts=s.fallback_prompt_map, default_prompt_name=s.default_prompt_name or None,
+            max_text_bytes=s.max_text_bytes)
+        self.chunker = LateChunker(self.tokenizer, overlap) if self.is_embedding else None
+        self.prompts = self.tokenizer.prompts
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.tokenizer.max_seq_length
+
     def use_server_settings(self, model_config: dict) -> None:
         """The deployment's own `tokenize` settings (its config.pbtxt parameters, as Triton reports
-        them), merged as the tokenize model merges them: fallback prompts, then the folder's, then
-        the deployment's; its default prompt, max_seq_length and max_text_bytes when set."""
-        from rose_backend.serving.settings import TokenizeSettings    # json and dataclasses only
+        them), merged as the tokenize model merges them."""
+        from rose_backend.serving.settings import TokenizeSettings
         self.server_answered = True
+        params = dict(model_config.get("parameters") or {})
         try:
-            s = TokenizeSettings.from_model_config(model_config)
-        except ValueError as e:                      # a server newer than this gateway: keep the folder's
-            log.warning("the server's tokenize settings are not understood here (%s); token counts use "
-                        "the model folder's prompts and limits", e)
+            raw = (params.pop("late_chunk_overlap", None) or {}).get("string_value", "").strip()
+            overlap = int(raw) if raw else None
+            self._use(TokenizeSettings.from_model_config({"parameters": params}), overlap)
+        except ValueError as e:                      # a server newer than this gateway: texts go to `embed`
+            log.warning("the server's tokenize settings are not understood here (%s); texts go through "
+                        "`embed` and their token counts use the model folder's settings", e)
             return
-        self.prompts = {**s.fallback_prompt_map, **self.folder_prompts, **s.prompt_map}
-        self.default_prompt_name = s.default_prompt_name or self.folder_default_prompt_name
-        if s.max_seq_length:
-            self.max_seq_length = s.max_seq_length
-        self.max_text_bytes = s.max_text_bytes or 1 << 62
         self.server_settings_known = True
 
     def check_task(self, task: str | None) -> None:
@@ -59,22 +91,46 @@ class ModelInfo:
             known = ", ".join(repr(k) for k in sorted(self.prompts)) or "none"
             raise bad_request("task", f"unknown task / prompt name {task!r}; this model knows: {known}")
 
-    def count_texts(self, texts: list[str], task: str | None, truncate: bool) -> list[int]:
-        """Tokens each text is embedded with. truncate=False: 400 for a text over max_seq_length."""
-        prompt = self.prompts.get(task or self.default_prompt_name or "", "")
-        cut = [t if len(t) * 4 <= self.max_text_bytes else
-               t.encode("utf-8")[: self.max_text_bytes].decode("utf-8", errors="ignore") for t in texts]
-        counts = self.counter([prompt + t for t in cut] if prompt else cut)
-        if not truncate:
-            self.check_lengths(counts)
-        return [min(n, self.max_seq_length) for n in counts]
+    def _prompt(self, task: str | None) -> str:
+        try:
+            return self.tokenizer.prompt_for(task)
+        except InputError as e:
+            if self.server_settings_known:
+                raise bad_request("task", str(e)) from None
+            return ""                                # counts only: the server refuses the task itself
 
-    def most_tokens(self, texts: list[str], task: str | None) -> int:
-        """At least the tokens `texts` are embedded with (truncated), without tokenizing them: a token
-        covers one byte of UTF-8 or more, a character is at most 4 bytes, and a few special tokens."""
-        prompt = self.prompts.get(task or self.default_prompt_name or "", "")
-        extra, m = 4 * len(prompt) + 8, self.max_seq_length
-        return sum(min(m, 4 * len(t) + extra) for t in texts)
+    def tokenize(self, texts: list[str], task: str | None, truncate: bool) -> Tokens:
+        """Each text once, as `tokenize` does it: cut to max_text_bytes, the task's prompt in front,
+        truncated at max_seq_length. truncate=False: 400 naming the first text that would be cut."""
+        tok = self.tokenizer
+        self.check_task(task)
+        prompt = self._prompt(task)
+        if tok.max_text_bytes and any(len(t) * 4 > tok.max_text_bytes for t in texts):
+            texts, cut = tok.decode_texts_marked(texts, "input")
+        else:                                        # no text can be over the byte limit
+            cut = np.zeros(len(texts), dtype=bool)
+        ids, lens, counts = tok.encode_requests([[prompt + t for t in texts] if prompt else texts], [True])[0]
+        truncated = (counts > lens) | cut
+        if not truncate and truncated.any():
+            i = int(np.flatnonzero(truncated)[0])
+            why = (f"is over max_text_bytes={tok.max_text_bytes} bytes" if cut[i] else
+                   f"has {int(counts[i])} tokens; this model embeds at most {tok.max_seq_length}")
+            raise bad_request(f"input[{i}]", f"input[{i}] {why} (send \"truncate\": true to cut it there)")
+        return Tokens(ids, lens, truncated)
+
+    def plan_late_chunks(self, chunks: list[str], task: str | None) -> ChunkPlan:
+        """One document given as its chunks -> rose's INPUT_IDS, SEQ_LENS (windows of a long one) and
+        TOKEN_CHUNKS; 400 naming the chunk that has no token of its own, or the input over max_text_bytes."""
+        if self.chunker is None:
+            raise bad_request("late_chunking", "late chunking is not available for this model (a reranker)")
+        self.check_task(task)
+        prompt = self._prompt(task)
+        try:
+            self.chunker.check_sizes([c.encode("utf-8") for c in chunks], np.array([len(chunks)], np.int32))
+            return self.chunker.plan([chunks], prompt)
+        except InputError as e:
+            m = _TEXT_INDEX.search(str(e))
+            raise bad_request(f"input[{m.group(1)}]" if m else "input", str(e).replace("TEXT[", "input[")) from None
 
     def cut_token_lists(self, token_lists: list[list[int]], truncate: bool) -> list[list[int]]:
         if not truncate:
