@@ -153,3 +153,17 @@ def test_remove_keeps_the_lane_counts():
 def test_rejects_a_bad_share():
     with pytest.raises(ValueError, match="bulk_min_share"):
         Scheduler(100, 8, bulk_min_share=1.5)
+
+
+def test_wait_histogram_is_cumulative_per_lane():
+    from rose_backend.serving.lanes import LaneStats
+    st = LaneStats()
+    for s in (0.0005, 0.001, 0.004, 0.04, 20.0):
+        st.waited("bulk", s)
+    st.waited("interactive", 0.002)
+    counts = [st.waits_at_most("bulk", b) for b in WAIT_BUCKETS_S] + [st.waits_at_most("bulk", float("inf"))]
+    assert counts == sorted(counts) and counts[-1] == 5 == st.waits["bulk"]
+    assert st.waits_at_most("bulk", 0.001) == 2                # le is inclusive
+    assert st.waits_at_most("bulk", 0.005) == 3 and st.waits_at_most("bulk", 10.0) == 4
+    assert st.waits_at_most("interactive", 0.001) == 0 and st.waits_at_most("interactive", 0.0025) == 1
+    assert abs(st.wait_sum_s["bulk"] - 20.0455) < 1e-9
