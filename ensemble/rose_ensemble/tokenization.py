@@ -9,6 +9,10 @@ and may be overridden or extended by the deployment ("fallback" prompts fill in 
 the model lacks: the shipped deployment names "query" and "passage" that way). The prompt is prepended to the text before
 tokenizing and truncation applies to the whole (as sentence-transformers does), at the model's
 max_seq_length. Encoding runs in Rust (tokenizers' encode_batch), which releases the GIL.
+
+    ids, lens, counts = tok.encode_counted(texts)     # counts: each text's tokens before truncation
+
+A text over max_text_bytes is cut before anything else (decode_texts_marked says which were).
 """
 from __future__ import annotations
 
