@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "charts": "charts", "perf-inputs": "perf", "forward-profile": "forward_profile",
     "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail", "tokenizers": "tokenizers_bench",
     "lanes": "lanes",
+    "http": "http",
 }
 
 

@@ -1,0 +1,223 @@
+"""The HTTP gateway beside gRPC, under NVIDIA's perf_analyzer, on one server.
+
+    python -m rose_bench http --out $OUT                       # GPU: a random BGE-M3-shape folder
+    python -m rose_bench http --model default --interval-ms 2000 --out /tmp/http   # CPU: the default model
+
+Starts tritonserver through the project's launcher (TritonProcess) with its gateway (the launcher's
+start_gateway; --workers sets GATEWAY_WORKERS, default: the gateway's own, the cores available)
+and waits until every gateway worker serves. Per text length (--words, default 128 and 512 words;
+16 different texts each) and concurrency (--concurrency, default 1, 16, 64), three paths:
+- `gateway`: perf_analyzer's own OpenAI client against POST /v1/embeddings
+  (`--service-kind openai --endpoint v1/embeddings -i http --async`), one text per request,
+  `encoding_format: float`: the gateway parses, tokenizes and sends the ids to `rose`;
+- `embed`: the `embed` ensemble over gRPC streaming, TEXT (Triton tokenizes);
+- `rose`: the `rose` model over gRPC streaming, the same texts pre-tokenized (by the server's own
+  `tokenize` model), so no tokenization is measured.
+For a random folder the texts are words of its WordLevel vocabulary ("w123 w4567 ..."), one token
+a word; for the default model (or --model FOLDER) English words.
+--grpc-url and --gateway-url measure a deployment already running instead; --api-key-file for one
+that requires a key (perf_analyzer then sends `-H "triton-grpc-protocol-api-key:KEY"` to gRPC and
+`-H "Authorization:Bearer KEY"` to the gateway).
+Prints a table and writes <out>/http.json (command, git commit, machine, date, every cell with its
+perf_analyzer command), rewritten after every cell.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rose_bench.record import comma_list, cuda_available, log, run_record, save_json
+
+PATHS = ("gateway", "embed", "rose")
+ENGLISH = ("the embedding server answers every query with a vector while the gateway reads each request "
+           "tokenizes its text and sends the ids to the model which runs on the device in batches of many "
+           "sequences so that latency stays low and throughput high under a load of concurrent clients").split()
+
+
+def texts_of(words: int, random_vocab: int | None, n: int = 16) -> list[str]:
+    rng = np.random.default_rng(words)
+    if random_vocab:
+        from rose_backend.testing.folders import FIRST_WORD_ID
+        return [" ".join(f"w{i}" for i in rng.integers(FIRST_WORD_ID, random_vocab, size=words)) for _ in range(n)]
+    return [f"{k} " + " ".join(rng.choice(ENGLISH, size=words - 1)) for k in range(n)]
+
+
+def write_payloads(folder: Path, words: int, model_name: str, texts: list[str], tokens: list[np.ndarray]) -> dict:
+    """perf_analyzer's input-data files of the three paths."""
+    files = {p: folder / f"{p}_{words}.json" for p in PATHS}
+    files["gateway"].write_text(json.dumps({"data": [{"payload": [{"model": model_name, "input": [t],
+                                                                   "encoding_format": "float"}]} for t in texts]}))
+    files["embed"].write_text(json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]}))
+    files["rose"].write_text(json.dumps({"data": [{"INPUT_IDS": {"content": ids.tolist(), "shape": [len(ids)]},
+                                                   "SEQ_LENS": {"content": [len(ids)], "shape": [1]}}
+                                                  for ids in tokens]}))
+    return files
+
+
+def pre_tokenized(grpc_url: str, texts: list[str], headers: dict | None) -> list[np.ndarray]:
+    """The server's own ids of each text (its `tokenize` model)."""
+    from rose_client import StreamConnection
+    conn = StreamConnection(grpc_url, headers=headers)
+    try:
+        return [conn.infer("tokenize", [("TEXT", [t])], ["INPUT_IDS"]).result(120)["INPUT_IDS"] for t in texts]
+    finally:
+        conn.close()
+
+
+def perf_command(binary: str, path: str, args, urls: dict, model_name: str, input_file: Path, concurrency: int,
+                 csv_file: Path, key: str | None) -> list[str]:
+    common = ["--input-data", str(input_file), "--concurrency-range", str(concurrency),
+              "--measurement-interval", str(args.interval_ms), "--stability-percentage", str(args.stability),
+              "--max-trials", str(args.max_trials), "-f", str(csv_file)]
+    if path == "gateway":
+        cmd = [binary, "-m", model_name, "--service-kind", "openai", "--endpoint", "v1/embeddings", "-i", "http",
+               "--async", "-u", urls["gateway"]] + common
+        return cmd + (["-H", f"Authorization:Bearer {key}"] if key else [])
+    cmd = [binary, "-m", path, "-i", "grpc", "--streaming", "-u", urls["grpc"]] + common
+    return cmd + (["-H", f"triton-grpc-protocol-api-key:{key}"] if key else [])
+
+
+def run_cell(cmd: list[str], env: dict, csv_file: Path, key: str | None, timeout: float) -> dict:
+    shown = " ".join("perf_analyzer" if i == 0 else (a.replace(key, "KEY") if key else a) for i, a in enumerate(cmd))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"command": shown, "error": f"timed out after {timeout:.0f} s"}
+    if p.returncode != 0 or not csv_file.exists():
+        out = (p.stdout + p.stderr)[-600:].strip()
+        return {"command": shown, "error": f"exit {p.returncode}: {out.replace(key, 'KEY') if key else out}"}
+    with open(csv_file) as f:
+        row = next(csv.DictReader(f))
+    csv_file.unlink()
+
+    def ms(k):
+        return round(float(row[k]) / 1e3, 3) if row.get(k) not in (None, "") else None
+    return {"command": shown, "p50_ms": ms("p50 latency"), "p90_ms": ms("p90 latency"), "p99_ms": ms("p99 latency"),
+            "req_per_s": round(float(row["Inferences/Second"]), 1)}
+
+
+@contextlib.contextmanager
+def own_deployment(args, tmp: Path):
+    """tritonserver and its gateway through the launcher, on a random BGE-M3-shape folder on the GPU
+    or the model of --model; yields (urls, random vocabulary size or None)."""
+    from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, start_gateway
+    vocab, model = None, None if args.model == "default" else args.model
+    if args.model == "bge-m3":
+        from rose_backend.testing.folders import SHAPES, make_folder
+        if not cuda_available():
+            raise SystemExit("--model bge-m3 (the default) needs a GPU: pass --model default on the CPU")
+        log("writing a random-weight BGE-M3-shape folder")
+        model = str(make_folder("bge-m3", tmp / "bge-m3", device="cuda"))
+        vocab = SHAPES["bge-m3"][0]["vocab_size"]
+    if args.workers:
+        os.environ["GATEWAY_WORKERS"] = str(args.workers)
+    log_dir = Path(args.out)
+    with TritonProcess(model, DEFAULT_REPOSITORY, ports=free_ports(), log_file=log_dir / "http_triton.log") as srv:
+        gateway = start_gateway(free_ports().grpc, "127.0.0.1", model, srv.grpc_url)
+        try:
+            yield {"grpc": srv.grpc_url, "gateway": gateway.url.removeprefix("http://")}, vocab
+        finally:
+            gateway.stop()
+
+
+def wait_for_workers(gateway: str, headers: dict, timeout: float = 120.0) -> dict:
+    import httpx
+    deadline, health = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            health = httpx.get(f"http://{gateway}/health", headers=headers, timeout=10).json()
+            w = health.get("workers") or {}
+            if health.get("status") == "ready" and w.get("serving", 1) >= w.get("started", 1):
+                return w
+        time.sleep(0.5)
+    raise SystemExit(f"the gateway's workers did not all serve within {timeout:.0f} s: {health}")
+
+
+def table(result: dict) -> str:
+    lines = ["| words | concurrency | path | p50 ms | p99 ms | req/s | p99 / p50 | vs rose |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for cell in result["cells"]:
+        rose = next((c for c in result["cells"] if c["words"] == cell["words"] and c["path"] == "rose"
+                     and c["concurrency"] == cell["concurrency"] and "error" not in c), None)
+        if "error" in cell:
+            lines.append(f"| {cell['words']} | {cell['concurrency']} | {cell['path']} | {cell['error'][:60]} ||||")
+            continue
+        ratio = f"{cell['req_per_s'] / rose['req_per_s']:.0%}" if rose and rose["req_per_s"] else ""
+        lines.append(f"| {cell['words']} | {cell['concurrency']} | {cell['path']} | {cell['p50_ms']:.2f} | "
+                     f"{cell['p99_ms']:.2f} | {cell['req_per_s']:.0f} | {cell['p99_ms'] / cell['p50_ms']:.2f} | "
+                     f"{ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rose_bench http", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="bge-m3",
+                   help="bge-m3 (a random-weight BGE-M3-shape folder, GPU), default (the default model) or a folder")
+    p.add_argument("--words", default="128,512", help="words per text, comma-separated")
+    p.add_argument("--concurrency", default="1,16,64")
+    p.add_argument("--paths", default=",".join(PATHS), help="of gateway, embed, rose")
+    p.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer's --measurement-interval")
+    p.add_argument("--stability", type=int, default=10, help="perf_analyzer's --stability-percentage")
+    p.add_argument("--max-trials", type=int, default=10)
+    p.add_argument("--workers", type=int, default=None, help="gateway workers (GATEWAY_WORKERS; default: the gateway's)")
+    p.add_argument("--grpc-url", help="a running deployment's gRPC host:port (with --gateway-url): start nothing")
+    p.add_argument("--gateway-url", help="a running deployment's gateway host:port")
+    p.add_argument("--api-key-file", help="a file holding the running deployment's API key")
+    p.add_argument("--git-commit", default=None, help="the commit measured, where the tree has no .git")
+    p.add_argument("--out", default="benchmarks/results/http")
+    args = p.parse_args(argv)
+    from rose_bench.perf import find_perf_analyzer
+    found = find_perf_analyzer()
+    if found is None:
+        print("perf_analyzer not found, or its libraries do not load (install tritonclient==2.51.0)", file=sys.stderr)
+        return 2
+    binary, env = found
+    key = Path(args.api_key_file).read_text().strip().splitlines()[0].strip() if args.api_key_file else None
+    from rose_client.auth import grpc_api_key_headers
+    grpc_headers = grpc_api_key_headers(key)
+    http_headers = {"Authorization": f"Bearer {key}"} if key else {}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    result = {**run_record(args.git_commit, "cuda" if cuda_available() else "cpu"), "model": args.model, "cells": []}
+    with tempfile.TemporaryDirectory(prefix="rose-http-bench-") as tmp:
+        ctx = (contextlib.nullcontext(({"grpc": args.grpc_url, "gateway": args.gateway_url.removeprefix("http://")},
+                                       None)) if args.grpc_url and args.gateway_url else own_deployment(args, Path(tmp)))
+        with ctx as (urls, vocab):
+            import httpx
+            result["gateway_workers"] = wait_for_workers(urls["gateway"], http_headers)
+            model_name = httpx.get(f"http://{urls['gateway']}/v1/models", headers=http_headers,
+                                   timeout=30).json()["data"][0]["id"]
+            result["served_model"] = model_name
+            for words in (int(w) for w in comma_list(args.words)):
+                texts = texts_of(words, vocab)
+                tokens = pre_tokenized(urls["grpc"], texts, grpc_headers)
+                files = write_payloads(Path(tmp), words, model_name, texts, tokens)
+                for c in (int(x) for x in comma_list(args.concurrency)):
+                    for path in comma_list(args.paths):
+                        csv_file = Path(tmp) / f"{path}_{words}_{c}.csv"
+                        cmd = perf_command(binary, path, args, urls, model_name, files[path], c, csv_file, key)
+                        cell = {"words": words, "tokens": int(np.mean([len(t) for t in tokens])), "concurrency": c,
+                                "path": path, **run_cell(cmd, env, csv_file, key, timeout=60 + 40 * args.interval_ms
+                                                         / 1000 * args.max_trials / 4)}
+                        log(f"{words} words c{c} {path}: " + (cell.get("error") or
+                            f"p50 {cell['p50_ms']} ms p99 {cell['p99_ms']} ms {cell['req_per_s']} req/s"))
+                        result["cells"].append(cell)
+                        save_json(out / "http.json", result, t0)
+    print(table(result))
+    print(f"\nsaved {out / 'http.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
