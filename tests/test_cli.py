@@ -161,3 +161,26 @@ def test_ctrl_c_stops_promptly_and_keeps_every_finished_block(server, tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"{n - saved * block} embedded in this run" in r.stderr
     assert np.load(out).shape == (n, 384)
+
+
+def test_rose_embed_sends_its_work_in_the_bulk_lane(server, tmp_path):
+    """rose-embed's requests are bulk by default (queries sent beside an indexing job go first),
+    --lane interactive overrides; the server's per-lane batch counters see which."""
+    import re
+    import urllib.request
+
+    def lane_batches(lane):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+        return sum(float(v) for v in re.findall(rf'^rose_lane_batches_total{{[^}}]*lane="{lane}"[^}}]*}} ([0-9.e+]+)$',
+                                                   text, re.M))
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts(40, seed=5)) + "\n")
+    for lane, args in (("bulk", []), ("interactive", ["--lane", "interactive"])):
+        before = {k: lane_batches(k) for k in ("bulk", "interactive")}
+        assert main([str(src), str(tmp_path / f"{lane}.npy"), "--url", server.grpc_url, "--quiet", *args]) == 0
+        deadline = time.monotonic() + 10            # metrics are polled by the server, not pushed
+        while lane_batches(lane) == before[lane] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        other = "interactive" if lane == "bulk" else "bulk"
+        assert lane_batches(lane) > before[lane] and lane_batches(other) == before[other], lane

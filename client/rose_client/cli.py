@@ -155,6 +155,16 @@ def run(args) -> int:
     return code
 
 
+def _api_key(args) -> str | None:
+    """The deployment's key: --api-key-file, else $API_KEY (never a command-line value: `ps` shows those)."""
+    if args.api_key_file:
+        try:
+            return Path(args.api_key_file).read_text().strip() or None
+        except OSError as e:
+            raise CliError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
+    return os.environ.get("API_KEY") or None
+
+
 def _require_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
@@ -190,7 +200,7 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
               f"are not recomputed", file=sys.stderr)
 
     client = EmbeddingClient(args.url, model=args.model, tokenizer=args.tokenizer, timeout=args.timeout,
-                             token_budget=args.token_budget)
+                             token_budget=args.token_budget, api_key=_api_key(args))
     bar = _progress(n, start, args.quiet)
     t0, embedded = time.monotonic(), 0
     inflight: deque = deque()
@@ -211,9 +221,11 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
         for block in blocks(iter_texts(src, args.field, start), args.block):
             if rich:
                 inflight.append(in_background(client.encode, block, dense=not args.dense_off, sparse=args.sparse,
-                                            colbert=args.colbert, dimensions=args.dimensions, task=args.task))
+                                            colbert=args.colbert, dimensions=args.dimensions, task=args.task,
+                                               lane=args.lane))
             else:
-                inflight.append(in_background(client.embed, block, args.task, dimensions=args.dimensions))
+                inflight.append(in_background(client.embed, block, args.task, dimensions=args.dimensions,
+                                              lane=args.lane))
             if len(inflight) >= args.concurrency:
                 write_one(inflight.popleft().result())
         while inflight:
@@ -277,6 +289,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--field", default="text", help="JSON field / parquet column holding the text (default text)")
     p.add_argument("--task", default=None, help="task / prompt name, e.g. query or passage")
     p.add_argument("--model", default="embed", help="Triton model taking TEXT (default embed)")
+    p.add_argument("--lane", choices=("bulk", "interactive"), default="bulk",
+                   help="scheduling lane (default bulk: queries sent beside this run are served first)")
+    p.add_argument("--api-key-file", default=None,
+                   help="file holding the deployment's API key (default: $API_KEY, if set)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or model folder for exact token counts")
     p.add_argument("--block", type=int, default=2048, help="rows per saved block, the unit of resuming (default 2048)")
     p.add_argument("--concurrency", type=int, default=4, help="blocks in flight at once (default 4)")
