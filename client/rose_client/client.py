@@ -229,9 +229,10 @@ class EmbeddingClient:
             if not att.released:
                 att.released = True
                 att.replica.inflight_tokens -= att.chunk.tokens
-            waiters = list(self._waiters)
+            waiters = [w for w in self._waiters if w is not job.wake]
         job.done.put(att)
-        for wake in waiters:              # capacity freed: every waiting call may place a chunk now
+        job.wake()
+        for wake in waiters:              # capacity freed: every call waiting to place a chunk may now
             wake()
 
     def _replica_failed(self, r: Replica, conn: StreamConnection, error: str) -> Channel | None:

@@ -78,7 +78,6 @@ class Job:
         with client._lock:
             if client._closed:
                 raise RuntimeError("the client is closed")
-            client._waiters.add(wake)
 
     def step(self) -> float | None:
         c = self.client
@@ -114,6 +113,10 @@ class Job:
                 self.todo.remove(chunk)
                 self.inflight.add(att)
                 sent.append(att)
+            if self.todo:                                # woken when any call's chunk frees capacity
+                c._waiters.add(self.wake)
+            else:                                        # woken by its own answers only
+                c._waiters.discard(self.wake)
             if self.todo and all(r.failures >= c.retries for r in c._replicas):
                 raise AllReplicasDown(f"all {len(c._replicas)} replicas are down: {self._replica_summary()}")
             wakes = [self._expiry(a) for a in self.inflight] + \
