@@ -169,11 +169,17 @@ def test_the_lane_reaches_rose(gw, server):
     assert _lane_count(server, "bulk") == before + 1
     r = post(gw, {"input": "x", "lane": "fast"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "lane" and "interactive" in r.json()["error"]["message"]
-    r = httpx.post(gw.url + "/v1/rerank", json={"query": "q", "documents": ["a"], "lane": 3}, timeout=60)
-    assert r.status_code in (400, 404)
-    if r.status_code == 400:
-        assert r.json()["error"]["param"] == "lane"
     assert post(gw, {"input": "y", "lane": "interactive"}).status_code == 200
+
+
+def test_rerank_takes_the_lane_field():
+    from rose_gateway.errors import ApiError
+    from rose_gateway.rerank import parse_rerank_request
+    assert parse_rerank_request({"query": "q", "documents": ["a"], "lane": "bulk"}, 8).lane == "bulk"
+    assert parse_rerank_request({"query": "q", "documents": ["a"]}, 8).lane is None
+    with pytest.raises(ApiError) as e:
+        parse_rerank_request({"query": "q", "documents": ["a"], "lane": 3}, 8)
+    assert e.value.status == 400 and e.value.param == "lane" and "'interactive' or 'bulk'" in e.value.message
 
 
 def _lane_count(server, lane: str) -> float:

@@ -143,6 +143,27 @@ def wait_for_workers(gateway: str, headers: dict, timeout: float = 120.0) -> dic
     raise SystemExit(f"the gateway's workers did not all serve within {timeout:.0f} s: {health}")
 
 
+def warm_up(urls: dict, model_name: str, texts: list[str], tokens: list[np.ndarray], grpc_headers, http_headers,
+            rounds: int = 32) -> None:
+    """Every path's first requests (each gateway worker's, on new connections) before any is measured."""
+    import httpx
+
+    from rose_client import StreamConnection
+    for i in range(rounds):
+        with httpx.Client(headers=http_headers, timeout=120) as h:       # a new connection: any worker
+            h.post(f"http://{urls['gateway']}/v1/embeddings",
+                   json={"model": model_name, "input": [texts[i % len(texts)]]}).raise_for_status()
+    conn = StreamConnection(urls["grpc"], headers=grpc_headers)
+    try:
+        for i in range(rounds // 4):
+            ids = tokens[i % len(tokens)]
+            conn.infer("embed", [("TEXT", [texts[i % len(texts)]])], ["EMBEDDINGS"]).result(120)
+            conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", np.array([len(ids)], np.int32))],
+                       ["EMBEDDINGS"]).result(120)
+    finally:
+        conn.close()
+
+
 def table(result: dict) -> str:
     lines = ["| words | concurrency | path | p50 ms | p99 ms | req/s | p99 / p50 | vs rose |",
              "|---:|---:|---|---:|---:|---:|---:|---:|"]
@@ -203,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 texts = texts_of(words, vocab)
                 tokens = pre_tokenized(urls["grpc"], texts, grpc_headers)
                 files = write_payloads(Path(tmp), words, model_name, texts, tokens)
+                warm_up(urls, model_name, texts, tokens, grpc_headers, http_headers)
                 for c in (int(x) for x in comma_list(args.concurrency)):
                     for path in comma_list(args.paths):
                         csv_file = Path(tmp) / f"{path}_{words}_{c}.csv"

@@ -1,8 +1,12 @@
 """The Starlette app: routes, body limit, the bound on work per request, and the calls to Triton
 (endpoint.py: what every route shares; protocol.py: the HTTP connections' own limits).
 
-    app = create_app(GatewaySettings(["127.0.0.1:8001"]))      # then: uvicorn.run(app, ...) (__main__.py)
+    app = create_app(GatewaySettings(["127.0.0.1:8001"]))      # then served by uvicorn (__main__.py)
 
+Texts are tokenized here, once each (tokens.py: rose_ensemble's tokenizer under the deployment's
+`tokenize` settings), and their ids go straight to `rose` over gRPC streams (rose_client's
+embed_ragged: chunks on a token budget, least-loaded replica first); `usage.prompt_tokens` is the
+count of those ids. Until a replica has reported the `tokenize` settings, texts go through `embed`.
 Work per request is bounded by max_request_tokens (tokens summed over its inputs, as embedded:
 truncated at max_seq_length), refused with 413 before anything is sent. A request that is being
 answered chunk by chunk is never timed out as a whole: 503 comes only when Triton has answered
