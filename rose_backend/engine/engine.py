@@ -1,19 +1,19 @@
 """Engine: step(batch) -> LazyTensor.
 
-The engine owns the model, its device and the per-batch work around the forward pass: staging the
-batch in pinned memory, one host-to-device copy into static buffers, planning the attention
-backend (outside any graph), the forward pass (eager, captured, or replayed from a CUDA graph),
-pooling, normalizing, and queueing the copy back into a pinned buffer behind an event.
-On the CPU the same code runs eagerly (graphs off by default) and returns ready handles.
+The engine owns the model, its device and the per-batch work around the forward pass: staging the batch in
+pinned memory, one host-to-device copy into static buffers, planning the attention backend (outside any
+graph), the forward pass (eager, captured, or replayed from a CUDA graph), pooling, normalizing, and
+queueing the copy back into a pinned buffer behind an event. On the CPU the same code runs eagerly (graphs
+off by default) and returns ready handles.
 
-Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a batch whose
-`token_outputs` names them runs the heads on the final hidden states of every token, in the same
-pass (a graph of its own per configuration, keyed apart from the dense-only one, so dense-only
-batches run exactly the graphs they ran before), and its handle carries the results as `extras`
-({"sparse": [T] f32, "colbert": [T, Dc] f32}, real tokens only), copied back into pinned buffers of
-the step's slot (reused: valid until the slot comes round again, as the dense rows' buffer).
-A batch asking for "hidden" gets every real token's final hidden states the same way
-({"hidden": [T, H] f32}: what late chunking pools over token spans), again from a graph of its own.
+Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a batch whose `token_outputs`
+names them runs the heads on the final hidden states of every token, in the same pass (a graph of its own
+per configuration, keyed apart from the dense-only one, so dense-only batches run exactly the graphs they
+ran before), and its handle carries the results as `extras` ({"sparse": [T] f32, "colbert": [T, Dc] f32},
+real tokens only), copied back into pinned buffers of the step's slot (reused: valid until the slot comes
+round again, as the dense rows' buffer). A batch asking for "hidden" gets every real token's final hidden
+states the same way ({"hidden": [T, H] f32}: what late chunking pools over token spans), again from a graph
+of its own.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.batch import HEAD_OUTPUTS, PackedBatch, graph_tags, row_names
 from rose_backend.engine.graph_cache import GraphCache, Key
 from rose_backend.engine.lazy_tensor import LazyTensor
+from rose_backend.engine.memory_budget import check_fits, device_limit, engine_budget
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
@@ -76,8 +77,9 @@ class Engine:
         max_inflight  handles the caller keeps outstanding; the pinned ring has max_inflight + 1
                       slots. A handle neither synchronized nor ready when its slot comes round
                       again is detached (waited for) first, so results are never overwritten.
-        graph_memory_cap_bytes  stop capturing new graphs once graphs hold this much (None: no cap);
-                      see graph_cache.py for the policy
+        graph_memory_cap_bytes  no new graph once graphs hold this much (None: no cap; graph_cache.py)
+        memory_limit_bytes  refuse to start when `budget` (memory_budget.py, computed before loading)
+                      is over it; None: on CUDA the free memory less a margin, on the CPU no check
         precapture    [(num_seqs, num_tokens), ...] configurations to warm and capture at start-up
         backend_table a BackendTable or a path to its JSON (default: engine/attention_table.json)
     Each batch is run as exactly one of: eager (first sight of a configuration, or graphs off),
@@ -88,7 +90,7 @@ class Engine:
                  dtype: torch.dtype | None = None, attention: str | None = None, *,
                  graphs: bool | None = None, max_tokens: int = 65536, max_seqs: int = 512,
                  max_inflight: int = 2, graph_memory_cap_bytes: int | None = None,
-                 precapture: list[tuple[int, int]] | tuple = (),
+                 precapture: list[tuple[int, int]] | tuple = (), memory_limit_bytes: int | None = None,
                  backend_table: BackendTable | str | None = None):
         t0 = time.perf_counter()
         self.cfg = cfg
@@ -100,6 +102,10 @@ class Engine:
         self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
         self.attention = None if attention in (None, "auto") else attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
+        self.graphs_on = cuda if graphs is None else bool(graphs)
+        self.budget = engine_budget(cfg, self.device, self.dtype, self.attention, max_tokens, max_seqs, max_inflight,
+                                    graph_memory_cap_bytes, self.graphs_on)      # before loading anything
+        check_fits(self.budget, device_limit(self.device, memory_limit_bytes), f"on {self.device}")
         self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
         self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
         self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
@@ -113,12 +119,8 @@ class Engine:
             graphable = [n for n in avail if not cuda or backend_class(n).supports_cuda_graphs]
             self.available = graphable or avail
         self._chosen: dict[tuple[int, int], str] = {}     # (seqs, tokens) -> backend_for's answer
-        if isinstance(backend_table, BackendTable):
-            self.table = backend_table
-        else:
-            self.table = BackendTable.load(backend_table)
+        self.table = backend_table if isinstance(backend_table, BackendTable) else BackendTable.load(backend_table)
         self.max_len = cfg.max_positions
-        self.graphs_on = cuda if graphs is None else bool(graphs)
         self.graphs = GraphCache(max_tokens, max_seqs, graph_memory_cap_bytes, enabled=self.graphs_on)
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
         words = Layout(sb, tb).words
@@ -137,10 +139,10 @@ class Engine:
         self.stats.startup_seconds = time.perf_counter() - t0
 
     def bind_thread(self) -> None:
-        """Make this engine's GPU the calling thread's current CUDA device. The current device is
-        per thread, and kernels launched by Triton, flashinfer and CUDA graphs go to it: every
-        thread that runs this engine must call this (one Triton instance per GPU puts the second
-        instance's engine on cuda:1 while its threads start on cuda:0)."""
+        """Make this engine's GPU the calling thread's current CUDA device. The current device is per
+        thread, and kernels launched by Triton, flashinfer and CUDA graphs go to it: every thread that
+        runs this engine must call this (one Triton instance per GPU puts the second instance's engine
+        on cuda:1 while its threads start on cuda:0)."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -278,8 +280,7 @@ class Engine:
             self.graphs.capture(key, lambda: self._forward(v, want))
             st.capture_seconds += time.perf_counter() - t0
             st.graph_captures += 1
-            st.graphs = self.graphs.num_captured
-            st.graph_memory_bytes = self.graphs.graph_bytes()
+            st.graphs, st.graph_memory_bytes = self.graphs.num_captured, self.graphs.graph_bytes()
         else:
             st.graph_replays += 1
         return self.graphs.replay(key)
@@ -310,8 +311,7 @@ class Engine:
         st = self.stats
         st.eager_runs += 1
         st.padded_tokens += batch.num_tokens
-        if self.device.type == "cuda":
-            st.unbucketed_runs += 1
+        st.unbucketed_runs += self.device.type == "cuda"
         lens = batch.seq_lens
         cu_np = batch.cu_seqlens()
         ids = torch.from_numpy(batch.input_ids.astype(np.int32)).to(dev)

@@ -9,11 +9,15 @@ Lazy capture, per configuration (nano-vllm's pattern, with the seed's three stat
     first sight   -> "eager"    run eagerly on the static buffers (warms kernels, JIT, workspaces)
     second sight  -> "capture"  capture the forward pass into a graph, then replay it
     later         -> "replay"
-All graphs share one memory pool. Memory cap policy: once the memory the graphs hold (allocator
-bytes reserved since the cache started) reaches `memory_cap_bytes`, no new graph is captured;
-configurations not yet captured keep running eagerly on their static buffers (counted in
-`refused`), graphs already captured stay and keep replaying. Nothing is evicted: graphs of one
-shared pool free no memory when dropped, so eviction would buy nothing back.
+All graphs share one memory pool. Memory cap policy: once the memory the graphs hold reaches
+`memory_cap_bytes`, no new graph is captured; configurations not yet captured keep running eagerly
+on their static buffers (counted in `refused`), graphs already captured stay and keep replaying.
+Nothing is evicted: graphs of one shared pool free no memory when dropped, so eviction would buy
+nothing back.
+What the graphs hold (`graph_bytes`): on CUDA the growth of the allocator's reserved bytes across
+each capture (torch.cuda.graph empties the cache first, so it is the pool's growth, not the eager
+batches' cache nor an attention workspace); on the CPU the bytes of the stand-ins' static outputs,
+the only memory they keep. The cap is the `graphs` part of the engine's budget (memory_budget.py).
 
 The state machine (`action`) knows nothing about CUDA, so it is tested on the CPU; the capture
 (`capture`) makes a torch.cuda.CUDAGraph on CUDA and, on the CPU, a stand-in that re-runs the
@@ -86,7 +90,7 @@ class GraphCache:
     entries: dict[Key, Entry] = field(default_factory=dict)
     refused: int = 0
     pool: object | None = None
-    base_reserved: int = 0
+    held_bytes: int = 0
     full: bool = False
 
     def __post_init__(self):
@@ -124,16 +128,14 @@ class GraphCache:
         """Call once the weights and backends are in place: memory counted from here is the graphs'."""
         self.device = torch.device(device)
         if self.device.type == "cuda":
-            self.base_reserved = torch.cuda.memory_reserved(self.device)
             # Our own side stream on this device: torch.cuda.graph's default capture stream is one
             # per process, made on whichever device was current first, and capturing on it would
             # send a second engine's kernels (another GPU) to that device.
             self.capture_stream = torch.cuda.Stream(device=self.device)
 
     def graph_bytes(self) -> int:
-        if getattr(self, "device", None) is None or self.device.type != "cuda":
-            return 0
-        return torch.cuda.memory_reserved(self.device) - self.base_reserved
+        """Bytes the captured graphs hold (module docstring)."""
+        return self.held_bytes
 
     def capture(self, key: Key, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Capture fn (a forward pass on static buffers) for `key`; return its static output.
@@ -141,13 +143,18 @@ class GraphCache:
         e = self.entries[key]
         if self.device.type == "cuda":
             g = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()             # as torch.cuda.graph does: what grows now is the pool
+            before = torch.cuda.memory_reserved(self.device)
             with torch.cuda.graph(g, pool=self.pool, stream=self.capture_stream):
                 out = fn()
             if self.pool is None:
                 self.pool = g.pool()
+            self.held_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
         else:
             g = CpuGraph(fn)
             out = g.output
+            self.held_bytes += sum(t.numel() * t.element_size() for t in (out if isinstance(out, tuple) else (out,)))
         e.state, e.graph, e.output = "captured", g, out
         if self.memory_cap_bytes is not None and self.graph_bytes() >= self.memory_cap_bytes:
             self.full = True
