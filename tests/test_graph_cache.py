@@ -70,3 +70,44 @@ def test_cpu_graph_replays_into_the_same_output():
     out = c.capture(k, lambda: x * 2)
     x.fill_(3)
     assert c.replay(k) is out and torch.equal(out, torch.full((4,), 6.0))
+
+
+def test_cpu_graphs_hold_their_static_outputs():
+    c = GraphCache(1024, 8)
+    c.start(torch.device("cpu"))
+    for key, fn in (((1, 64), lambda: torch.zeros(3, 4)), ((2, 64), lambda: (torch.zeros(5), torch.zeros(2, 2)))):
+        c.action(key), c.action(key)
+        c.capture(key, fn)
+    assert c.graph_bytes() == (12 + 5 + 4) * 4
+
+
+def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct():
+    """graphs=True on the CPU: the bucketed static-buffer path with stand-in graphs. A cap of one
+    graph's output: the first configuration is captured, later ones run eagerly, counted as refused."""
+    import numpy as np
+
+    from rose_backend.config import ModelConfig
+    from rose_backend.engine.batch import PackedBatch
+    from rose_backend.engine.engine import Engine
+
+    cfg = ModelConfig.from_folder(None)
+    one_graph = (8 + 1) * cfg.embedding_dim * 4                      # [Sb + 1, D] float32, Sb = 8
+    eng = Engine(cfg, graphs=True, max_tokens=512, max_seqs=8, graph_memory_cap_bytes=one_graph)
+    ref = Engine(cfg, graphs=False)
+    rng = np.random.default_rng(0)
+    batches = [PackedBatch(rng.integers(1000, 2000, n * L, dtype=np.int32), np.full(n, L, dtype=np.int32))
+               for n, L in ((5, 20), (1, 100), (3, 150))]               # buckets (8, 128), (1, 128), (4, 512)
+    for i, b in enumerate(batches):
+        for sight in range(3):
+            got = eng.step(b).synchronize()
+            np.testing.assert_allclose(got, ref.step(b).synchronize(), atol=2e-5, err_msg=f"batch {i} sight {sight}")
+    st = eng.stats
+    assert st.graph_captures == 1 and st.graphs == 1 and st.graph_memory_bytes == one_graph
+    assert st.graph_replays == 1                                      # the first configuration's third sight
+    assert st.capture_refused == 4 and eng.graphs.refused == 4        # sights 2 and 3 of the other two
+    assert st.eager_runs == 1 + 3 + 3
+    uncapped = Engine(cfg, graphs=True, max_tokens=512, max_seqs=8)
+    for b in batches:
+        for _ in range(3):
+            uncapped.step(b).synchronize()
+    assert uncapped.stats.graph_captures == 3 and uncapped.stats.capture_refused == 0
