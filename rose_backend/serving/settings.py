@@ -107,6 +107,13 @@ class RoseSettings(_Settings):
     gpu_memory_headroom_mb  after warm-up, cap this process's CUDA memory at what it holds plus this
                          many MiB, so bigger batches run out of memory and are split and retried: a
                          knob to force out-of-memory in tests and soaks, 0 = no cap (default 0)
+    graph_memory_mb      cap on the CUDA-graph pool, MiB: once the captured graphs hold this much,
+                         configurations not yet captured run eagerly (engine/graph_cache.py); the
+                         `graphs` part of the memory budget; 0 = no cap (default 4096)
+    memory_limit_mb      the memory budget (weights, graphs, workspace, buffers, activations:
+                         engine/memory_budget.py) must fit in this many MiB or the model refuses to
+                         start, naming each part; 0 = on a GPU its free memory less 1 GiB, on the
+                         CPU no check (default 0)
     max_queued_tokens    tokens waiting in the pool before new requests are refused as
                          overloaded, 0 = unbounded; an interactive request counts only the
                          interactive tokens waiting, so bulk never shuts queries out (default 1048576)
@@ -137,7 +144,8 @@ class RoseSettings(_Settings):
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "response_threads": 0,
                "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
-               "gpu_memory_headroom_mb": 0, "bulk_threshold_tokens": 0, "bulk_batch_tokens": 1,
+               "gpu_memory_headroom_mb": 0, "graph_memory_mb": 0, "memory_limit_mb": 0,
+               "bulk_threshold_tokens": 0, "bulk_batch_tokens": 1,
                "bulk_max_inflight": 1, "interactive_recent_ms": 0}
 
     model_dir: str = ""
@@ -158,6 +166,8 @@ class RoseSettings(_Settings):
     inline_execute: str = "auto"
     cuda_graphs: str = "auto"
     gpu_memory_headroom_mb: int = 0
+    graph_memory_mb: int = 4096
+    memory_limit_mb: int = 0
     quantization_ranges: str = ""
     bulk_threshold_tokens: int = 8192
     bulk_min_share: float = 0.25

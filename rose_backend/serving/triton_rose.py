@@ -33,7 +33,7 @@ from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_outputs, collect_piece, load_ranges,
                                           parse_options, refuse_token_inputs, special_token_ids, with_token_inputs)
 from rose_backend.serving.parent_watch import watch_parent
-from rose_backend.serving.polled_metrics import PolledMetrics
+from rose_backend.serving.polled_metrics import PolledMetrics, Series
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
@@ -57,11 +57,16 @@ class RoseModel:
             device = self._device(s.device, args, torch)
             dtype = getattr(torch, s.torch_dtype_name) if s.torch_dtype_name else None
             from rose_backend.engine.engine import Engine
+            from rose_backend.engine.memory_budget import MIB, device_limit
+            self.memory_limit = device_limit(device, s.memory_limit_mb * MIB or None)   # None: no check
             self.engine = Engine(
                 cfg, device=device, dtype=dtype, attention=s.attention or None,
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
                 max_tokens=max(s.max_batch_tokens, cfg.max_positions), max_seqs=s.max_batch_seqs,
-                max_inflight=s.max_inflight, graphs=s.graphs)
+                max_inflight=s.max_inflight, graphs=s.graphs, graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
+                memory_limit_bytes=self.memory_limit)
+            limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
+            pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} (limit {limit})")
             warm = precapture_plan(s.precapture, self.engine.device.type == "cuda",
                                    max_tokens=max(s.max_batch_tokens, cfg.max_positions),
                                    max_seqs=s.max_batch_seqs, max_len=cfg.max_positions)
@@ -89,7 +94,7 @@ class RoseModel:
                 response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
-        self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=lane_series())
+        self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])
         log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
         gc.collect()
@@ -201,7 +206,17 @@ _COUNTERS = {  # metric name -> (description, where the value comes from)
                                       lambda m: m.service.stats.cancelled),
     "rose_oom_splits_total": ("batches that ran out of memory and were split and retried",
                               lambda m: m.service.stats.oom_splits),
+    "rose_graph_captures_refused_total": ("batches run eagerly because the graph pool had reached graph_memory_mb",
+                                          lambda m: m.engine.stats.capture_refused),
 }
 _GAUGES = {
     "rose_queue_tokens": ("tokens waiting in the request pool", lambda m: m.service.queued_tokens),
+    "rose_graph_memory_bytes": ("bytes the captured CUDA graphs hold (capped at graph_memory_mb)",
+                                lambda m: m.engine.stats.graph_memory_bytes),
+    "rose_memory_limit_bytes": ("the memory the budget must fit in (memory_limit_mb, or a GPU's free memory "
+                                "less a margin at start; 0: no limit)", lambda m: m.memory_limit or 0),
 }
+# the memory budget computed at start (engine/memory_budget.py's MemoryBudget), one series per part
+_BUDGET = [Series("rose_memory_budget_bytes", "gauge", "the engine's memory budget at start, per part", {"part": part},
+                  lambda m, part=part: getattr(m.engine.budget, part))
+           for part in ("weights", "graphs", "workspace", "buffers", "activations")]
