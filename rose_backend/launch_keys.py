@@ -1,0 +1,87 @@
+"""The keys a deployment runs with, and the Triton options that require them.
+
+- The API key (env API_KEY, or the first line of --api-key-file): Triton's inference and metadata
+  (HTTP and gRPC) and the gateway's /v1/* require it. None: both are open, as before.
+- The admin key (env ADMIN_KEY, else a fresh random one per launch): Triton's control plane (model
+  repository: load / unload; model configuration; shared memory; statistics; trace; logging). It
+  is always required: without it anyone who reaches Triton's ports could load a model whose
+  model.py they send (a repository load with a file override).
+
+Both are checked with rose_client.auth.check_key (the form Triton's command line can carry) and
+never printed. Triton takes them only on its command line; rose_backend.argv_scrub hides them from
+process listings once the server has read its options.
+"""
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key  # noqa: F401 (check_key: for the launcher)
+
+CONTROL_PLANE = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
+DATA_PLANE = ("inference", "metadata")
+KEY_VARIABLES = ("API_KEY", "ADMIN_KEY", "ROSE_ADMIN_KEY")     # kept out of tritonserver's environment
+
+
+@dataclass(frozen=True)
+class Keys:
+    api_key: str | None = field(default=None, repr=False)
+    admin_key: str = field(default="", repr=False)
+
+
+def admin_key_from(env: dict) -> str:
+    """$ADMIN_KEY (checked), else a fresh random key."""
+    return check_key(env.get("ADMIN_KEY"), "ADMIN_KEY") or secrets.token_urlsafe(32)
+
+
+def read_key_file(path: str) -> str:
+    """The first line of a key file, stripped; ValueError naming the file (never its content)."""
+    try:
+        lines = Path(path).read_text().strip().splitlines()
+    except OSError as e:
+        raise ValueError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ValueError(f"--api-key-file {path}: the file is empty")
+    return key
+
+
+def launch_keys(env: dict, api_key_file: str | None = None) -> Keys:
+    """The launch's keys from its environment (and key file); ValueError naming what is wrong."""
+    if api_key_file:
+        api_key = check_key(read_key_file(api_key_file), f"the key in --api-key-file {api_key_file}")
+    else:
+        api_key = check_key(env.get("API_KEY"), "API_KEY")
+    return Keys(api_key, admin_key_from(env))
+
+
+def restricted_args(api_key: str | None, admin_key: str) -> list[str]:
+    """tritonserver options: the control plane under the admin key, inference and metadata under
+    the API key when there is one (HTTP and gRPC alike). Health stays open (probes, readiness)."""
+    args = []
+    for plane, name, value in ((CONTROL_PLANE, ADMIN_KEY_NAME, admin_key), (DATA_PLANE, API_KEY_NAME, api_key)):
+        if value:
+            apis = ",".join(plane)
+            args += [f"--http-restricted-api={apis}:{name}={value}", f"--grpc-restricted-protocol={apis}:{name}={value}"]
+    return args
+
+
+def is_loopback(address: str) -> bool:
+    """127.x, ::1 or localhost: reachable from this machine only."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(address: str, api_key: str | None) -> str | None:
+    """The warning for a launch that serves other hosts without an API key (None: nothing to say)."""
+    if api_key or is_loopback(address):
+        return None
+    return (f"rose: WARNING: serving on {address} without an API key: anyone who reaches these ports can "
+            f"embed (gRPC, HTTP gateway) and read the model's metadata. Set API_KEY (or --api-key-file) to "
+            f"require a key, or bind 127.0.0.1")
