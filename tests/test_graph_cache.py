@@ -111,3 +111,51 @@ def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct():
         for _ in range(3):
             uncapped.step(b).synchronize()
     assert uncapped.stats.graph_captures == 3 and uncapped.stats.capture_refused == 0
+
+
+def test_forced_out_of_memory_past_the_cap_loses_nothing():
+    """Past the cap, batches that run out of memory are split and retried (serving/oom_retry.py) on a
+    graphs=True engine: every request answered, each equal to the unpadded engine's embedding."""
+    import numpy as np
+
+    from rose_backend.config import ModelConfig
+    from rose_backend.engine.engine import Engine
+    from rose_backend.serving.scheduler import Request
+    from rose_backend.serving.service import EmbeddingService
+    from rose_backend.testing.waiting import wait_until
+
+    cfg = ModelConfig.from_folder(None)
+    # one configuration captured at start fills the cap: every other one runs eagerly from there on
+    eng = Engine(cfg, graphs=True, max_tokens=2048, max_seqs=64, graph_memory_cap_bytes=1, precapture=[(1, 64)])
+    assert eng.graphs.full and eng.stats.graph_captures == 1
+    ref = Engine(cfg, graphs=False)
+
+    class OutOfMemoryOver:                 # a GPU with room for 150 tokens (a CPU cannot run out)
+        refused = 0
+
+        def step(self, batch):
+            if batch.num_tokens > 150:
+                OutOfMemoryOver.refused += 1
+                raise torch.cuda.OutOfMemoryError(f"CUDA out of memory ({batch.num_tokens} tokens, injected)")
+            return eng.step(batch)
+
+    rng = np.random.default_rng(1)
+    requests = []
+    for n in (7, 1, 12, 3, 7, 12):
+        lens = rng.integers(1, 60, size=n).astype(np.int32)
+        requests.append(Request(rng.integers(1000, 30000, size=int(lens.sum())).astype(np.int32), lens))
+    done = []
+    svc = EmbeddingService(OutOfMemoryOver(), done.append, max_batch_tokens=2048, max_batch_seqs=64)
+    try:
+        for r in requests:
+            svc.submit(r)
+        assert wait_until(lambda: len(done) == len(requests), 120)
+    finally:
+        svc.stop(10)
+    assert OutOfMemoryOver.refused >= 1 and svc.stats.oom_splits >= 1
+    assert all(r.error is None for r in done), [r.error for r in done]
+    for r in requests:
+        want = np.concatenate([ref.embed([r.input_ids[r.offsets[i]:r.offsets[i + 1]].tolist()])
+                               for i in range(r.num_seqs)])
+        np.testing.assert_allclose(r.output, want, atol=2e-5)
+    assert eng.stats.graph_captures == 1 and eng.stats.graphs == 1              # the cap held throughout
