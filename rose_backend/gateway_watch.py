@@ -102,7 +102,7 @@ class GatewayWatch:
                                 f"{self.window_s:.0f} s; stopping"
                                 + (f" (see {g.log_file})" if g.log_file else ""))
         self.restarted.append(now)
-        print(f"rose: the gateway on {self._where()} exited with code {code}; starting it again "
+        print(f"rose: the gateway on {g.host}:{g.port} exited with code {code}; starting it again "
               f"(restart {len(self.restarted)} of {self.restarts} within {self.window_s:.0f} s)",
               file=sys.stderr, flush=True)
         g.stop()                                   # reaps it (and what is left of its workers)
