@@ -66,13 +66,19 @@ class RoseModel:
                 max_inflight=s.max_inflight, graphs=s.graphs, graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
                 memory_limit_bytes=self.memory_limit)
             limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
-            pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} (limit {limit})")
+            pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} "
+                                     f"(limit {limit})")
             warm = precapture_plan(s.precapture, self.engine.device.type == "cuda",
                                    max_tokens=max(s.max_batch_tokens, cfg.max_positions),
                                    max_seqs=s.max_batch_seqs, max_len=cfg.max_positions)
             t0 = time.perf_counter()
             self.engine.precapture(warm)            # before READY: kernels compiled, graphs captured
             log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
+            if self.engine.stats.capture_refused:
+                pb_utils.Logger.log_warn(
+                    f"rose: the graph pool reached graph_memory_mb={s.graph_memory_mb} during warm-up "
+                    f"({self.engine.stats.graph_memory_bytes / MIB:.0f} MiB held, {self.engine.stats.graphs} graphs): "
+                    f"configurations past it run eagerly; raise graph_memory_mb or shorten precapture")
             cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
                                         max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens,
