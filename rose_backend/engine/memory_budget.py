@@ -2,7 +2,7 @@
 
     budget = engine_budget(cfg, "cuda:0", torch.bfloat16, max_tokens=16384, max_seqs=64,
                            graph_memory_cap_bytes=4 << 30)
-    budget.total, budget.describe()    # "weights 1081 MiB, graphs 4096 MiB, ... = 6150 MiB"
+    budget.total, budget.describe()    # BGE-M3 on an H200: "weights 1085 MiB, graphs 4096 MiB, ... = 6157 MiB"
     check_fits(budget, device_limit("cuda:0"))   # MemoryBudgetExceeded naming every part
 
 The parts (bytes; b = bytes per element of the engine's dtype):
@@ -63,7 +63,6 @@ from rose_backend.models.m3_heads import head_files
 
 MIB = 1 << 20
 GPU_MARGIN_BYTES = 1 << 30       # left free on a GPU: CUDA context growth, cuBLAS and kernel modules
-DEFAULT_GRAPH_MEMORY_MB = 4096   # graph_memory_mb's default (docs/OPERATIONS.md "Memory budget")
 
 
 class MemoryBudgetExceeded(ValueError):
