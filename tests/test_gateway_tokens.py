@@ -29,7 +29,7 @@ DOCUMENT = ["Paris is the capital of France. ", "It lies on the Seine, ", "and i
 
 @pytest.fixture(scope="module")
 def gw(server):
-    with gateway_for(server.grpc_url, "tokens", extra_args=["--workers", "2"]) as g:
+    with gateway_for(server.grpc_url, "tokens", extra_args=["--workers", "2"], admin_key=server.admin_key) as g:
         yield g
 
 
@@ -95,7 +95,7 @@ def test_the_ids_are_tokenizes(server, conn):
     from rose_gateway.triton_state import TritonState
 
     async def config():
-        state = TritonState([server.grpc_url])
+        state = TritonState([server.grpc_url], admin_key=server.admin_key)
         try:
             return await state.tokenize_config()
         finally:
@@ -209,7 +209,7 @@ def test_client_lane(server):
 # --------------------------------------------------------------------------- workers
 def test_several_workers_share_the_port_and_the_metrics(gw):
     health = httpx.get(gw.url + "/health", timeout=30).json()
-    assert health["workers"]["started"] == 2
+    assert health["workers"]["started"] == 2 and health["tokenizes_texts"] is True
     before = _requests_200(gw)
     for i in range(40):                                  # new connections: spread over both workers
         assert post(gw, {"input": f"request {i}"}).status_code == 200
@@ -222,6 +222,20 @@ def _requests_200(gw) -> float:
     text = httpx.get(gw.url + "/metrics", timeout=30).text
     m = re.search(r'^rose_gateway_requests_total{endpoint="embeddings",status="200"} ([0-9.e+]+)$', text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def test_without_the_admin_key_texts_go_through_embed(server, conn):
+    """The tokenize settings are Triton's model config (its control plane): a gateway without the
+    admin key cannot read them, so it sends texts to `embed` (the same answers, counted with the
+    folder's tokenizer), and says so on /health."""
+    with gateway_for(server.grpc_url, "tokens-no-admin", extra_args=["--workers", "1"]) as g:
+        assert httpx.get(g.url + "/health", timeout=30).json()["tokenizes_texts"] is False
+        r = post(g, {"input": TEXTS[:2], "task": "query"})
+        assert r.status_code == 200, r.text
+        want = conn.infer("embed", [("TEXT", TEXTS[:2]), ("TASK", ["query"])]).result(120)["EMBEDDINGS"]
+        assert cos_dist(vectors(r.json()), want).max() <= 1e-6
+        r = post(g, {"input": DOCUMENT, "late_chunking": True})
+        assert r.status_code == 503 and "tokenize settings" in r.json()["error"]["message"]
 
 
 # --------------------------------------------------------------------------- random-weight folders
@@ -247,7 +261,8 @@ def test_random_weight_folders(shared_server, folders, name):
         texts = [" ".join(rng.choice(WORDS, size=n)) for n in (3, 40, 700)]
     c = StreamConnection(srv.grpc_url)
     try:
-        with gateway_for(srv.grpc_url, f"tokens-{name}", extra_args=["--model", str(folder), "--workers", "1"]) as g:
+        with gateway_for(srv.grpc_url, f"tokens-{name}", extra_args=["--model", str(folder), "--workers", "1"],
+                         admin_key=srv.admin_key) as g:
             tasks = [None, "query"]
             for task in tasks:
                 assert_same_as_embed(g, c, texts, task)
@@ -256,3 +271,26 @@ def test_random_weight_folders(shared_server, folders, name):
             assert counted.truncated.tolist()[-1] is True
     finally:
         c.close()
+
+
+def test_workers_that_cannot_start_stop_the_gateway(tmp_path):
+    """A worker that dies while starting stops them all (exit 1); a port in use is refused before any starts."""
+    import socket
+    import subprocess
+    import sys
+
+    from rose_backend.launcher import free_ports
+    from rose_gateway.process import REPO_ROOT
+    env = {"PYTHONPATH": ":".join(str(REPO_ROOT / p) for p in ("gateway", "client", "ensemble", "."))}
+    port = free_ports().grpc
+    cmd = [sys.executable, "-m", "rose_gateway", "--workers", "2", "--port", str(port),
+           "--triton-urls", "127.0.0.1:1"]
+    bad = subprocess.run(cmd + ["--model", str(tmp_path / "no-such-folder")], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert bad.returncode == 1 and "while starting; stopping" in bad.stderr, bad.stderr[-2000:]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        busy = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert busy.returncode == 1 and "already in use" in busy.stderr, busy.stderr[-2000:]
+    assert not list(tmp_path.iterdir())

@@ -15,9 +15,10 @@ and waits until every gateway worker serves. Per text length (--words, default 1
   `tokenize` model), so no tokenization is measured.
 For a random folder the texts are words of its WordLevel vocabulary ("w123 w4567 ..."), one token
 a word; for the default model (or --model FOLDER) English words.
---grpc-url and --gateway-url measure a deployment already running instead; --api-key-file for one
-that requires a key (perf_analyzer then sends `-H "triton-grpc-protocol-api-key:KEY"` to gRPC and
-`-H "Authorization:Bearer KEY"` to the gateway).
+--grpc-url and --gateway-url measure a deployment already running instead ($ADMIN_KEY: its Triton
+admin key, which perf_analyzer needs to read a model's config); --api-key-file for one that
+requires a key (perf_analyzer then sends `-H "triton-grpc-protocol-api-key:KEY"` to gRPC and
+`-H "Authorization:Bearer KEY"` to the gateway). Keys are shown as KEY / ADMIN_KEY in the JSON.
 Prints a table and writes <out>/http.json (command, git commit, machine, date, every cell with its
 perf_analyzer command), rewritten after every cell.
 """
@@ -84,18 +85,24 @@ def perf_command(binary: str, path: str, args, urls: dict, model_name: str, inpu
                "--async", "-u", urls["gateway"]] + common
         return cmd + (["-H", f"Authorization:Bearer {key}"] if key else [])
     cmd = [binary, "-m", path, "-i", "grpc", "--streaming", "-u", urls["grpc"]] + common
+    if urls.get("admin_key"):                         # perf_analyzer reads the model's config first
+        cmd += ["-H", f"triton-grpc-protocol-admin-key:{urls['admin_key']}"]
     return cmd + (["-H", f"triton-grpc-protocol-api-key:{key}"] if key else [])
 
 
-def run_cell(cmd: list[str], env: dict, csv_file: Path, key: str | None, timeout: float) -> dict:
-    shown = " ".join("perf_analyzer" if i == 0 else (a.replace(key, "KEY") if key else a) for i, a in enumerate(cmd))
+def run_cell(cmd: list[str], env: dict, csv_file: Path, key: str | None, timeout: float,
+             admin_key: str | None = None) -> dict:
+    def hide(a: str) -> str:
+        for k, name in ((key, "KEY"), (admin_key, "ADMIN_KEY")):
+            a = a.replace(k, name) if k else a
+        return a
+    shown = " ".join("perf_analyzer" if i == 0 else hide(a) for i, a in enumerate(cmd))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"command": shown, "error": f"timed out after {timeout:.0f} s"}
     if p.returncode != 0 or not csv_file.exists():
-        out = (p.stdout + p.stderr)[-600:].strip()
-        return {"command": shown, "error": f"exit {p.returncode}: {out.replace(key, 'KEY') if key else out}"}
+        return {"command": shown, "error": f"exit {p.returncode}: {hide((p.stdout + p.stderr)[-600:].strip())}"}
     with open(csv_file) as f:
         row = next(csv.DictReader(f))
     csv_file.unlink()
@@ -123,9 +130,11 @@ def own_deployment(args, tmp: Path):
         os.environ["GATEWAY_WORKERS"] = str(args.workers)
     log_dir = Path(args.out)
     with TritonProcess(model, DEFAULT_REPOSITORY, ports=free_ports(), log_file=log_dir / "http_triton.log") as srv:
-        gateway = start_gateway(free_ports().grpc, "127.0.0.1", model, srv.grpc_url)
+        # the admin key lets the gateway read the deployment's tokenize settings (else texts go through embed)
+        gateway = start_gateway(free_ports().grpc, "127.0.0.1", model, srv.grpc_url, admin_key=srv.admin_key)
         try:
-            yield {"grpc": srv.grpc_url, "gateway": gateway.url.removeprefix("http://")}, vocab
+            yield {"grpc": srv.grpc_url, "gateway": gateway.url.removeprefix("http://"),
+                   "admin_key": getattr(srv, "admin_key", None)}, vocab
         finally:
             gateway.stop()
 
@@ -138,7 +147,10 @@ def wait_for_workers(gateway: str, headers: dict, timeout: float = 120.0) -> dic
             health = httpx.get(f"http://{gateway}/health", headers=headers, timeout=10).json()
             w = health.get("workers") or {}
             if health.get("status") == "ready" and w.get("serving", 1) >= w.get("started", 1):
-                return w
+                if not health.get("tokenizes_texts"):
+                    log("the gateway has not read the deployment's tokenize settings (its admin key?): "
+                        "its texts go through embed")
+                return {**w, "tokenizes_texts": health.get("tokenizes_texts")}
         time.sleep(0.5)
     raise SystemExit(f"the gateway's workers did not all serve within {timeout:.0f} s: {health}")
 
@@ -212,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     result = {**run_record(args.git_commit, "cuda" if cuda_available() else "cpu"), "model": args.model, "cells": []}
     with tempfile.TemporaryDirectory(prefix="rose-http-bench-") as tmp:
-        ctx = (contextlib.nullcontext(({"grpc": args.grpc_url, "gateway": args.gateway_url.removeprefix("http://")},
-                                       None)) if args.grpc_url and args.gateway_url else own_deployment(args, Path(tmp)))
+        running = {"grpc": args.grpc_url, "gateway": (args.gateway_url or "").removeprefix("http://"),
+                   "admin_key": os.environ.get("ADMIN_KEY") or os.environ.get("ROSE_ADMIN_KEY")}
+        ctx = (contextlib.nullcontext((running, None)) if args.grpc_url and args.gateway_url
+               else own_deployment(args, Path(tmp)))
         with ctx as (urls, vocab):
             import httpx
             result["gateway_workers"] = wait_for_workers(urls["gateway"], http_headers)
@@ -230,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                         csv_file = Path(tmp) / f"{path}_{words}_{c}.csv"
                         cmd = perf_command(binary, path, args, urls, model_name, files[path], c, csv_file, key)
                         cell = {"words": words, "tokens": int(np.mean([len(t) for t in tokens])), "concurrency": c,
-                                "path": path, **run_cell(cmd, env, csv_file, key, timeout=60 + 40 * args.interval_ms
-                                                         / 1000 * args.max_trials / 4)}
+                                "path": path, **run_cell(cmd, env, csv_file, key, 60 + 10 * args.interval_ms / 1000 * args.max_trials,
+                                                         urls.get("admin_key"))}
                         log(f"{words} words c{c} {path}: " + (cell.get("error") or
                             f"p50 {cell['p50_ms']} ms p99 {cell['p99_ms']} ms {cell['req_per_s']} req/s"))
                         result["cells"].append(cell)

@@ -201,7 +201,10 @@ class Gateway:
     async def health(self, _request: Request) -> Response:
         replicas = await self.state.health()
         if any(s == "ready" for s in replicas.values()):
-            return JSONResponse({"status": "ready", "replicas": replicas, "workers": self.workers()})
+            await self._learn_server_settings()
+            # tokenizes_texts: this worker has the deployment's tokenize settings (else texts go through embed)
+            return JSONResponse({"status": "ready", "replicas": replicas, "workers": self.workers(),
+                                 "tokenizes_texts": self.model.server_settings_known})
         e = unavailable("no Triton replica has its models ready", self.settings.retry_after)
         return JSONResponse({"status": "unavailable", "replicas": replicas, "error": e.message}, 503,
                             headers={"Retry-After": str(self.settings.retry_after)})
