@@ -12,7 +12,9 @@ Leaving `running_servers` stops its servers in a background thread (tritonserver
 ~4 s here, time the next tests use); `wait_stopped()`, called at session end before the leak check of
 conftest.py, joins them. A test about stopping calls `srv.stop()` itself.
 `free_ports()` picks unused loopback ports; logs go to tests/.logs/ (git-ignored) so a failing
-test can say where to look. `params` rewrites config.pbtxt parameters of the served models in a
+test can say where to look. Triton's control plane (statistics, model config, repository, trace,
+logging) needs each server's admin key: rose_client.auth.grpc_admin_headers(srv.admin_key) as gRPC
+headers, {"admin-key": srv.admin_key} over HTTP; `api_key` starts servers that require an API key. `params` rewrites config.pbtxt parameters of the served models in a
 private copy of the repository, e.g. {"rose": {"max_batch_tokens": "256"}}.
 """
 from __future__ import annotations
@@ -65,7 +67,8 @@ def repository_with(params: dict[str, dict[str, str]], dest: Path) -> Path:
 
 @contextlib.contextmanager
 def running_servers(n: int, model_dir: str | None = None, params: dict | None = None, name: str = "server",
-                    env: dict | None = None, timeout: float = 300.0, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S):
+                    env: dict | None = None, timeout: float = 300.0, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S,
+                    api_key: str | None = None):
     """n tritonservers of one repository, started side by side; all stopped (in parallel, in the
     background: stop_in_background) on exit."""
     LOG_DIR.mkdir(exist_ok=True)
@@ -77,7 +80,7 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
             log = LOG_DIR / f"{name}-{WORKER}{next(_counter)}.log"
             log.unlink(missing_ok=True)
             servers.append(TritonProcess(model_dir, repo, free_ports(), log_file=log, exit_timeout=exit_timeout,
-                                         env={**os.environ, **(env or {})}).start())
+                                         env={**os.environ, **(env or {})}, api_key=api_key).start())
         for s in servers:
             s.wait_ready(timeout)
         yield servers
@@ -87,6 +90,7 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
 
 @contextlib.contextmanager
 def running_server(model_dir: str | None = None, params: dict | None = None, name: str = "server",
-                   timeout: float = 300.0, env: dict | None = None, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S):
-    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout) as (srv,):
+                   timeout: float = 300.0, env: dict | None = None, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S,
+                   api_key: str | None = None):
+    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout, api_key) as (srv,):
         yield srv

@@ -1,6 +1,8 @@
 """Nothing outlives the server: kill -9 of tritonserver, of each stub and of the launcher in turn;
 a server that received rejected, cancelled and good requests stops within drain_timeout_s + 5 s of
-SIGTERM; a port already in use fails the launch at once. All with real processes."""
+SIGTERM; a port already in use (the gateway's too) fails the launch at once. All with real
+processes. The gateway's own watch: tests/test_gateway_watch.py; stops with clients connected:
+tests/test_stop_bound.py."""
 import os
 import queue
 import signal
@@ -160,6 +162,8 @@ def test_exit_timeout_follows_the_drain_time(tmp_path):
 
 
 def launcher(*args, env=None) -> subprocess.Popen:
+    """The launcher in a child process; without a gateway unless args ask for one."""
+    args = args if "--gateway-port" in args else (*args, "--gateway-port", "0")
     proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launcher", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
@@ -210,20 +214,21 @@ def test_launcher_killed_takes_its_servers_with_it():
         leftovers.remove(*leftovers.wait_gone(mine, 5.0))
 
 
-@pytest.mark.parametrize("which", ["grpc", "http", "metrics"])
+@pytest.mark.parametrize("which", ["grpc", "http", "metrics", "gateway"])
 def test_port_in_use_fails_at_once_naming_it(which):
     ports = free_ports()
-    taken = getattr(ports, which)
+    gateway = free_ports().grpc
+    taken = gateway if which == "gateway" else getattr(ports, which)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", taken))
         holder.listen()
         t0 = time.monotonic()
         proc = launcher("--grpc-port", str(ports.grpc), "--http-port", str(ports.http),
-                        "--metrics-port", str(ports.metrics))
+                        "--metrics-port", str(ports.metrics), "--gateway-port", str(gateway))
         out, _ = proc.communicate(timeout=60)
         elapsed = time.monotonic() - t0
     assert proc.returncode == 1, out
-    name = {"grpc": "gRPC", "http": "HTTP", "metrics": "metrics"}[which]
+    name = {"grpc": "gRPC", "http": "HTTP", "metrics": "metrics", "gateway": "gateway"}[which]
     assert f"port {taken} ({name}) on 127.0.0.1 is already in use" in out, out
     assert elapsed < 10, elapsed                                # no model was loaded
     assert not leftovers.processes([f"rose_{proc.pid}_"])
@@ -289,7 +294,7 @@ def test_killing_make_serve_stops_its_servers():
     ports = free_ports()
     make = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
                              sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(ports.grpc),
-                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics)],
+                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--gateway-port", "0"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "MAKELEVEL": "1"})
     deadline = time.monotonic() + 30
