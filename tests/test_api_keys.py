@@ -19,9 +19,6 @@ from rose_backend.testing.compare import cos_dist
 from rose_client import AccessDenied, AsyncEmbeddingClient, EmbeddingClient
 
 KEY, ADMIN = "testkey123", "adminkey456"
-RESTRICTED = [f"--grpc-restricted-protocol=inference,metadata:api-key={KEY}",
-              f"--http-restricted-api=inference,metadata:api-key={KEY}",
-              f"--grpc-restricted-protocol=model-config:admin-key={ADMIN}"]
 TEXTS = ["what is rose?", "Triton serves embeddings over gRPC."]
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +53,8 @@ def restricted():
     LOG_DIR.mkdir(exist_ok=True)
     log = LOG_DIR / f"restricted-{WORKER}server.log"
     log.unlink(missing_ok=True)
-    srv = TritonProcess(ports=free_ports(), log_file=log, extra_args=RESTRICTED, exit_timeout=TEST_EXIT_TIMEOUT_S)
+    srv = TritonProcess(ports=free_ports(), log_file=log, api_key=KEY, admin_key=ADMIN,
+                        exit_timeout=TEST_EXIT_TIMEOUT_S)
     try:
         srv.start()
         srv.wait_ready(300)
