@@ -1,9 +1,12 @@
 # make serve   - install what is needed (first run) and serve the default model with tritonserver
 # make test    - install the test dependencies and run the whole CPU test suite
 # Variables: MODEL=<HF folder>  KIND=auto|embedding|cross-encoder|qwen3-reranker  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
-#            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)  API_KEY=...
+#            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
 #            ROSE_CACHE_DIR=~/.cache/rose (persistent compile caches: flashinfer JIT, Triton kernels)
+# Keys, from the environment (`API_KEY=... make serve`) or a file (API_KEY_FILE=path), never make's
+# command line, which process listings show: API_KEY requires a key on Triton's inference and
+# metadata and the gateway's /v1/*; ADMIN_KEY is Triton's control-plane key (default: random per start).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,6 +14,7 @@ GRPC_PORT ?= 8001
 HTTP_PORT ?= 8000
 METRICS_PORT ?= 8002
 GATEWAY ?= 1
+API_KEY_FILE ?=
 GATEWAY_PORT ?= 8080
 ADDRESS ?= 127.0.0.1
 REPLICAS ?= 1
@@ -21,6 +25,13 @@ PYTEST_ARGS ?=
 ROSE_CACHE_DIR ?= $(HOME)/.cache/rose
 
 .PHONY: serve test test-gpu install clean
+
+ifeq ($(origin API_KEY),command line)
+$(warning API_KEY on make's command line shows in process listings (ps shows make's arguments): use `API_KEY=... make serve` or API_KEY_FILE=path)
+endif
+ifeq ($(origin ADMIN_KEY),command line)
+$(warning ADMIN_KEY on make's command line shows in process listings: use `ADMIN_KEY=... make serve`)
+endif
 
 install: $(VENV)/.installed
 
@@ -42,12 +53,14 @@ $(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e "./client[cli,tokenizer]"
 	@touch $@
 
-# exec: the launcher's parent is make itself, so killing make (even SIGKILL) stops the servers
+# exec: the launcher's parent is make itself, so killing make (even SIGKILL) stops the servers.
+# API_KEY / ADMIN_KEY reach the launcher through the environment (never this recipe's text).
 serve: install
 	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" exec $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
-	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)")
+	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)") \
+	  $(if $(API_KEY_FILE),--api-key-file "$(API_KEY_FILE)")
 
 # Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one
 # worker): much of a server test is waiting on a server's start-up and shutdown, which the others

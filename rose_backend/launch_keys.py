@@ -2,7 +2,7 @@
 
 - The API key (env API_KEY, or the first line of --api-key-file): Triton's inference and metadata
   (HTTP and gRPC) and the gateway's /v1/* require it. None: both are open, as before.
-- The admin key (env ADMIN_KEY, else a fresh random one per launch): Triton's control plane (model
+- The admin key (env ADMIN_KEY, else a fresh random one per start): Triton's control plane (model
   repository: load / unload; model configuration; shared memory; statistics; trace; logging). It
   is always required: without it anyone who reaches Triton's ports could load a model whose
   model.py they send (a repository load with a file override).
@@ -31,9 +31,14 @@ class Keys:
     admin_key: str = field(default="", repr=False)
 
 
+def key_from(env: dict, name: str) -> str | None:
+    """$name, checked; surrounding whitespace (a Secret file's newline) is not part of it."""
+    return check_key((env.get(name) or "").strip(), name)
+
+
 def admin_key_from(env: dict) -> str:
     """$ADMIN_KEY (checked), else a fresh random key."""
-    return check_key(env.get("ADMIN_KEY"), "ADMIN_KEY") or secrets.token_urlsafe(32)
+    return key_from(env, "ADMIN_KEY") or secrets.token_urlsafe(32)
 
 
 def read_key_file(path: str) -> str:
@@ -53,7 +58,7 @@ def launch_keys(env: dict, api_key_file: str | None = None) -> Keys:
     if api_key_file:
         api_key = check_key(read_key_file(api_key_file), f"the key in --api-key-file {api_key_file}")
     else:
-        api_key = check_key(env.get("API_KEY"), "API_KEY")
+        api_key = key_from(env, "API_KEY")
     return Keys(api_key, admin_key_from(env))
 
 

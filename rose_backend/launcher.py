@@ -34,7 +34,8 @@ from rose_backend.deployment import (DEFAULT_REPOSITORY, MODELS, RERANK_MODELS, 
 from rose_backend.gateway_watch import GatewayFailed, GatewayWatch
 from rose_backend.launch_args import parse_args
 from rose_backend.launch_banner import banner, client_command  # noqa: F401
-from rose_backend.launch_keys import KEY_VARIABLES, check_key, exposure_warning, launch_keys, restricted_args
+from rose_backend.launch_keys import (KEY_VARIABLES, check_key, exposure_warning, key_from, launch_keys,
+                                      restricted_args)
 from rose_backend.supervision import (KILL_MARGIN_S, PortInUse, aborted_at_start, cache_env, check_ports_free,
                                       die_with_parent, drain_timeout_of, exit_timeout_for, set_parent_death_signal)
 from rose_backend.triton_install import REPO_ROOT, LaunchError, TritonInstall, find_triton, server_env, stub_site  # noqa: F401
@@ -71,8 +72,8 @@ class TritonProcess:
             raise LaunchError("extra_args restrict Triton's protocols, which TritonProcess does itself: "
                               "pass api_key= / admin_key= instead")
         self.api_key = check_key(api_key, "api_key")
-        self._fixed_admin_key = check_key(admin_key, "admin_key") or check_key(
-            (os.environ if env is None else env).get("ADMIN_KEY"), "ADMIN_KEY")
+        self._fixed_admin_key = check_key(admin_key, "admin_key") or key_from(os.environ if env is None else env,
+                                                                              "ADMIN_KEY")
         self.admin_key = self._fixed_admin_key or secrets.token_urlsafe(32)
         self.proc: subprocess.Popen | None = None
         self.restarted = False                   # wait_ready started it once more (aborted_at_start)

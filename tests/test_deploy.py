@@ -1,6 +1,9 @@
 """Deployment files, checked offline: the Kubernetes manifests in deploy/ against the Kubernetes
 JSON schemas (kubernetes-validate, strict) and against the server's own settings; the Dockerfile
-with hadolint (both pinned in the `test` extra)."""
+with hadolint (both pinned in the `test` extra); the keys reach the launcher by environment (a
+Secret, `docker run -e`, make's environment), never a command line."""
+import json
+import os
 import re
 import subprocess
 import sys
@@ -100,3 +103,49 @@ def test_dockerfile_passes_hadolint():
     out = subprocess.run([str(hadolint), "--no-color", str(ROOT / "docker" / "Dockerfile")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_keys_come_from_a_secret_never_a_literal():
+    """API_KEY and ADMIN_KEY (the names the launcher reads) come from the Secret rose-keys; the API
+    key is required (the pod does not start open), the admin key optional (else random per start)."""
+    (dep,) = by_kind("Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    for name, key in (("API_KEY", "api-key"), ("ADMIN_KEY", "admin-key")):
+        assert "value" not in env[name], name
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == ("rose-keys", key)
+    assert env["API_KEY"]["valueFrom"]["secretKeyRef"].get("optional", False) is False
+    assert env["ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert not by_kind("Secret")                               # created by the operator, never committed
+
+
+def test_the_image_takes_its_keys_from_the_environment():
+    docker = (ROOT / "docker" / "Dockerfile").read_text()
+    (entry,) = [json.loads(line.split(None, 1)[1]) for line in docker.splitlines() if line.startswith("ENTRYPOINT")]
+    assert entry[:3] == ["python3", "-m", "rose_backend.launcher"] and "--address" in entry
+    assert not any("key" in a.lower() for a in entry)
+    readme = (ROOT / "docker" / "README.md").read_text()
+    runs = [line for line in readme.splitlines() if line.strip().startswith("docker run")]
+    assert runs and all(" -e API_KEY " in line + " " for line in runs), runs       # the caller's variable
+    assert "-p 8080:8080" in readme and "API_KEY=" not in " ".join(runs)           # never the key itself
+
+
+def make_serve(*args, env=None) -> subprocess.CompletedProcess:
+    """`make serve`'s commands as make would run them (-n), without the install step."""
+    return subprocess.run(["make", "-n", "-o", ".venv/.installed", "serve", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**{k: v for k, v in os.environ.items()
+                                                        if k not in ("API_KEY", "ADMIN_KEY")}, **(env or {})})
+
+
+@pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0, reason="no make")
+def test_make_serve_keeps_keys_out_of_command_lines(tmp_path):
+    key = "a-key-for-make-serve-1"
+    r = make_serve(env={"API_KEY": key, "ADMIN_KEY": key + "x"})
+    assert r.returncode == 0 and "rose_backend.launcher" in r.stdout, r.stderr
+    assert key not in r.stdout + r.stderr                  # the recipe never names a key: it goes by environment
+    r = make_serve(f"API_KEY_FILE={tmp_path / 'key'}")
+    assert f'--api-key-file "{tmp_path / "key"}"' in r.stdout
+    r = make_serve(f"API_KEY={key}")                        # on make's own command line: ps shows it
+    assert "API_KEY on make's command line shows in process listings" in r.stderr
+    assert key not in r.stdout
