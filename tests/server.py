@@ -14,8 +14,9 @@ conftest.py, joins them. A test about stopping calls `srv.stop()` itself.
 `free_ports()` picks unused loopback ports; logs go to tests/.logs/ (git-ignored) so a failing
 test can say where to look. Triton's control plane (statistics, model config, repository, trace,
 logging) needs each server's admin key: rose_client.auth.grpc_admin_headers(srv.admin_key) as gRPC
-headers, {"admin-key": srv.admin_key} over HTTP; `api_key` starts servers that require an API key. `params` rewrites config.pbtxt parameters of the served models in a
-private copy of the repository, e.g. {"rose": {"max_batch_tokens": "256"}}.
+headers, {"admin-key": srv.admin_key} over HTTP; `api_key` starts servers that require an API key.
+`params` rewrites config.pbtxt parameters of the served models in a private copy of the repository,
+e.g. {"rose": {"max_batch_tokens": "256"}}.
 """
 from __future__ import annotations
 
