@@ -72,6 +72,9 @@ class Gateway:
             yield
         finally:
             learn.cancel()
+            # uvicorn cancels the handlers still running when the drain time is over, then shuts the
+            # app down at once: their 503 answers get a moment to be written before the loop ends
+            await asyncio.sleep(0.1)
             await self.state.close()
             self.reranker.close()
             await self.client.close()
