@@ -33,7 +33,7 @@ from rose_backend.connections import close_sockets
 from rose_backend.supervision import processes_with
 
 QUIET_S = 1.0              # a stub this long without CPU time has nothing left to answer
-QUIET_TICKS = 2            # CPU ticks per half second that still count as idle (its idle threads)
+QUIET_TICKS = 2            # CPU ticks per half second that still count as idle (its idle threads: <= 1)
 POLL_S = 0.1
 
 
@@ -47,29 +47,29 @@ def cpu_ticks(pid: int) -> int | None:
 
 
 class QuietWatch:
-    """Whether every Python-backend stub of one server is gone or idle (its CPU time still)."""
+    """Whether every Python-backend stub of one server is gone or idle: since `since`, its CPU time
+    grew by at most QUIET_TICKS per half second (a forward pass, a tokenizer or a CUDA wait, which
+    spins, uses far more even on a loaded machine), for at least QUIET_S."""
 
-    def __init__(self, stub_prefix: str):
-        self.prefix = stub_prefix
-        self.seen: dict[int, tuple[int, float, float]] = {}    # pid -> (ticks, since, last sample)
+    def __init__(self, stub_prefix: str, now: float):
+        self.prefix, self.start = stub_prefix, now
+        self.seen: dict[int, tuple[int, float]] = {}          # pid -> (ticks at `since`, since)
 
     def stubs(self) -> list[int]:
         return [p for p, cmd in processes_with([self.prefix]).items() if "triton_python_backend_stub" in cmd]
 
     def quiet(self, now: float) -> bool:
-        alive = self.stubs()
-        quiet = True
-        for pid in alive:
+        quiet = now - self.start >= QUIET_S
+        for pid in self.stubs():
             ticks = cpu_ticks(pid)
             if ticks is None:
                 continue
-            old = self.seen.get(pid)
-            if old is None or ticks - old[0] > QUIET_TICKS * max(1.0, (now - old[2]) / 0.5):
-                self.seen[pid] = (ticks, now, now)           # busy (or new): the quiet time starts again
+            base, since = self.seen.get(pid, (None, now))
+            if base is None or ticks - base > QUIET_TICKS * max(1.0, (now - since) / 0.5):
+                self.seen[pid] = (ticks, now)                  # busy (or new): its quiet time starts again
                 quiet = False
             else:
-                self.seen[pid] = (ticks, old[1], now)
-                quiet = quiet and now - old[1] >= QUIET_S
+                quiet = quiet and now - since >= QUIET_S
         return quiet
 
 
@@ -88,7 +88,7 @@ def stop_tritonserver(proc: subprocess.Popen, grpc_port: int, stub_prefix: str, 
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     can_close = _close("listener", proc.pid, grpc_port, True) is not None
-    watch = QuietWatch(stub_prefix)
+    watch = QuietWatch(stub_prefix, t0)
     closed = not can_close
     while proc.poll() is None:
         now = time.monotonic()
