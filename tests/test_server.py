@@ -227,6 +227,7 @@ def test_perf_analyzer_script_takes_url_then_perf_analyzer_options(server):
     """README's command line: the URL, then perf_analyzer's own options (no input file between)."""
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "perf_analyzer.sh"), server.grpc_url,
                         "--concurrency-range", "1:2", "--measurement-interval", "300", "-r", "3",
-                        "--stability-percentage", "999"], capture_output=True, text=True, timeout=180)
+                        "--stability-percentage", "999"], capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "ADMIN_KEY": server.admin_key})
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     assert "Concurrency: 1," in r.stdout and "Concurrency: 2," in r.stdout, r.stdout[-2000:]
