@@ -256,12 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     replicas = len(gpus) if gpus else max(1, args.replicas)
     base = Ports(args.grpc_port, args.http_port, args.metrics_port)
     servers = []
+    from rose_backend.config import ModelFolderError
     for i in range(replicas):
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-        servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address, env=env,
-                                     verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key))
+        try:
+            servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address, env=env,
+                                         verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key))
+        except ModelFolderError as e:           # the folder's problem in one line, no traceback
+            print(f"rose: {e}", file=sys.stderr)
+            return 1
 
     stopping = False
 

@@ -362,3 +362,14 @@ def test_a_server_that_aborts_as_it_starts_is_started_once_more(tmp_path, monkey
     finally:
         srv.stop()
     assert_nothing_left(srv)
+
+
+def test_a_missing_model_folder_is_one_clear_line(tmp_path):
+    """`make serve MODEL=/missing`: the launcher says what is wrong in one line and exits 1 (no traceback)."""
+    ports = free_ports()
+    r = subprocess.run([sys.executable, "-m", "rose_backend.launcher", "--model", str(tmp_path / "missing"),
+                        "--gateway-port", "0", "--grpc-port", str(ports.grpc), "--http-port", str(ports.http),
+                        "--metrics-port", str(ports.metrics)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert f"rose: model folder {tmp_path / 'missing'} does not exist" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
