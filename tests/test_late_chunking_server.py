@@ -133,7 +133,7 @@ def test_the_overlap_is_a_tokenize_parameter(shared_server, default_model_dir, r
 def test_client_functions(server, conn, default_model_dir):
     from rose_client import EmbeddingClient
     from rose_client.dispatch import Chunk
-    from rose_client.late_chunks import LateChunksAsk, document_chunks, embed_counted, embed_late_chunks
+    from rose_client.late_chunks import document_chunks, embed_counted, embed_late_chunks
 
     raw = late(conn, DOCUMENTS, task="query").result(300)["EMBEDDINGS"]
     vectors = embed_late_chunks(conn, DOCUMENTS, task="query")
@@ -147,14 +147,36 @@ def test_client_functions(server, conn, default_model_dir):
     # through EmbeddingClient's balancing and retries: whole documents per request, in order
     client = EmbeddingClient(server.grpc_url, token_budget=64)
     try:
-        ask = LateChunksAsk(DOCUMENTS)
         chunks = document_chunks(client, DOCUMENTS, "query", Chunk)
         assert len(chunks) == 3                         # each document its own request on this budget
-        got = client._run_sync(client.model, chunks, ask.n_chunks, ask)
+        got = client.embed_late_chunks(DOCUMENTS, task="query", lane="bulk")
+        assert [g.shape[0] for g in got] == [len(d) for d in DOCUMENTS]
         for a, b in zip(got, vectors):
             np.testing.assert_allclose(a, b, atol=1e-6)
+        with_counts = client.embed_late_chunks(DOCUMENTS, task="query", counts=True)
+        for a, b in zip(with_counts.token_counts, counted.token_counts):
+            np.testing.assert_array_equal(a, b)
     finally:
         client.close()
     texts = ["short", " ".join(["word"] * 400)]
     c = embed_counted(conn, texts)
     assert c.vectors.shape == (2, 384) and c.truncated.tolist() == [False, True] and c.token_counts[1] == 402
+    client = EmbeddingClient(server.grpc_url, token_budget=64)      # texts split over requests, counts joined
+    try:
+        cc = client.embed_counted(texts)
+        np.testing.assert_allclose(cc.vectors, c.vectors, atol=1e-6)
+        assert cc.truncated.tolist() == [False, True] and cc.token_counts.tolist() == c.token_counts.tolist()
+    finally:
+        client.close()
+
+    import asyncio
+
+    from rose_client import AsyncEmbeddingClient
+
+    async def twin():
+        async with AsyncEmbeddingClient(server.grpc_url, token_budget=64) as ac:
+            return await ac.embed_late_chunks(DOCUMENTS, task="query"), await ac.embed_counted(texts)
+    got, cc = asyncio.run(twin())
+    for a, b in zip(got, vectors):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert cc.token_counts.tolist() == c.token_counts.tolist()

@@ -8,6 +8,7 @@ import numpy as np
 from rose_client.client import EmbeddingClient
 from rose_client.dispatch import Chunk, Job
 from rose_client.encoded import Ask, Encoded
+from rose_client.late_chunks import CountedAsk, LateChunksAsk, document_chunks
 from rose_client.rerank import SCORES, pair_chunks, ranked
 from rose_client.token_requests import ragged_chunks, token_chunk_request
 
@@ -55,6 +56,18 @@ class AsyncEmbeddingClient:
         ask = Ask(dimensions=dimensions, encoding=encoding)
         chunks = token_chunk_request(input_ids, seq_lens, token_chunks, ask)
         return (await self._run(self.sync.token_model, chunks, chunks[0].end, ask, lane)).dense
+
+    async def embed_late_chunks(self, documents: list[list[str]], task: str | None = None, counts: bool = False,
+                                lane: str | None = None):
+        """See EmbeddingClient.embed_late_chunks."""
+        ask = LateChunksAsk(documents, counts)
+        return await self._run(self.sync.model, document_chunks(self.sync, documents, task, Chunk), ask.n_chunks,
+                               ask, lane)
+
+    async def embed_counted(self, texts: list[str], task: str | None = None, lane: str | None = None):
+        """See EmbeddingClient.embed_counted."""
+        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, Ask()), len(texts), CountedAsk(),
+                               lane)
 
     async def rerank(self, query: str, documents: list[str], top_k: int | None = None,
                      return_documents: bool = False, instruction: str | None = None, lane: str | None = None):

@@ -41,6 +41,7 @@ from rose_client.auth import grpc_api_key_headers
 from rose_client.chunking import TextTokenCounter, chunk_ranges, estimate_text_tokens
 from rose_client.dispatch import AllReplicasDown, Attempt, Chunk, Job  # noqa: F401 (AllReplicasDown: raised from here)
 from rose_client.encoded import Ask, Encoded
+from rose_client.late_chunks import Counted, CountedAsk, LateChunksAsk, document_chunks
 from rose_client.replica import Replica
 from rose_client.rerank import SCORES, pair_chunks, ranked
 from rose_client.token_requests import ragged_chunks, token_chunk_request
@@ -140,6 +141,22 @@ class EmbeddingClient:
         ask = Ask(dimensions=dimensions, encoding=encoding)
         chunks = token_chunk_request(input_ids, seq_lens, token_chunks, ask)
         return self._run_sync(self.token_model, chunks, chunks[0].end, ask, lane).dense
+
+    def embed_late_chunks(self, documents: list[list[str]], task: str | None = None, counts: bool = False,
+                          lane: str | None = None) -> list[np.ndarray] | Counted:
+        """Late chunking: each document given as its consecutive chunks (a list of strings, joined as
+        given) runs through the model once; per document a float32 [n_chunks, D] array, each chunk's
+        vector pooled over its own tokens in the whole document's forward pass (README, "Late
+        chunking"). counts=True: a Counted with each chunk's own token counts as well. Documents are
+        never split over requests; several go in one while they fit the token budget."""
+        ask = LateChunksAsk(documents, counts)
+        return self._run_sync(self.model, document_chunks(self, documents, task, Chunk), ask.n_chunks, ask, lane)
+
+    def embed_counted(self, texts: list[str], task: str | None = None, lane: str | None = None) -> Counted:
+        """embed() with each text's tokens before truncation (prompt and special tokens included) and
+        whether it was cut: Counted(vectors [n, D], token_counts int32 [n], truncated bool [n])."""
+        ask = CountedAsk()
+        return self._run_sync(self.model, self._text_chunks(texts, task, Ask()), len(texts), ask, lane)
 
     def rerank(self, query: str, documents: list[str], top_k: int | None = None,
                return_documents: bool = False, instruction: str | None = None, lane: str | None = None):
