@@ -14,9 +14,7 @@ parameters are `tokenize`'s (read from ../tokenize/config.pbtxt: one place for p
 Optional outputs TOKEN_COUNTS / TRUNCATED and late chunking (DOC_CHUNKS in, TOKEN_CHUNKS out):
 text_requests.py and late_chunks.py.
 
-config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults),
-and `late_chunk_overlap` (tokens shared by neighbouring windows of a long late-chunked document,
-default 64, at most a quarter of the maximum length), read here. Bad input gets an INVALID_ARG error naming what is wrong.
+config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults). Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
@@ -54,7 +52,6 @@ class TokenizeModel:
         try:
             config = self._model_config(args)
             self.output_names = frozenset(o["name"] for o in json.loads(args["model_config"]).get("output", []))
-            overlap = _pop_parameter(config, "late_chunk_overlap")
             self.settings = s = TokenizeSettings.from_model_config(config)
             model_dir = resolve_model_dir(s.model_dir or None)
             self.tokenizer = TextTokenizer.from_folder(
@@ -66,7 +63,7 @@ class TokenizeModel:
             self.pairs = None if kind == "embedding" else PairTokenizer.from_folder(
                 model_dir, kind, max_seq_length=s.max_seq_length or None,
                 max_text_bytes=s.max_text_bytes, max_texts=s.max_request_texts)
-            self.chunker = LateChunker(self.tokenizer, overlap) if kind == "embedding" else None
+            self.chunker = LateChunker(self.tokenizer, s.overlap) if kind == "embedding" else None
         except Exception as e:
             raise pb_utils.TritonModelException(f"tokenize: cannot load the tokenizer: {e}") from e
         self.clock = StageClock.from_env(args.get("model_name", "tokenize"))   # $ROSE_STAGE_TIMES: time each request
@@ -125,16 +122,6 @@ class TokenizeModel:
         ids, lens, types = self.pairs.encode(*self.pairs.decode(q[0], documents.as_numpy().reshape(-1), instruction))
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("INPUT_IDS", ids), pb_utils.Tensor("SEQ_LENS", lens), pb_utils.Tensor("TOKEN_TYPE_IDS", types)])
-
-
-def _pop_parameter(config: dict, name: str) -> int | None:
-    """An integer parameter of this module's own (not TokenizeSettings'), taken out of the model
-    config; None when unset."""
-    raw = ((config.get("parameters") or {}).pop(name, None) or {}).get("string_value", "").strip()
-    try:
-        return int(raw) if raw else None
-    except ValueError:
-        raise ValueError(f"parameter {name} must be an integer, got {raw!r}") from None
 
 
 def outputs_parameter(request) -> str | None:

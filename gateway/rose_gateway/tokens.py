@@ -75,9 +75,8 @@ class ModelInfo:
         self.server_answered = True
         params = dict(model_config.get("parameters") or {})
         try:
-            raw = (params.pop("late_chunk_overlap", None) or {}).get("string_value", "").strip()
-            overlap = int(raw) if raw else None
-            self._use(TokenizeSettings.from_model_config({"parameters": params}), overlap)
+            settings = TokenizeSettings.from_model_config({"parameters": params})
+            self._use(settings, settings.overlap)
         except ValueError as e:                      # a server newer than this gateway: texts go to `embed`
             log.warning("the server's tokenize settings are not understood here (%s); texts go through "
                         "`embed` and their token counts use the model folder's settings", e)

@@ -225,10 +225,13 @@ class TokenizeSettings(_Settings):
                          such as Qwen3-Embedding's query instruction, keeps them)
     default_prompt_name  prompt used when a request names none (default "": the folder's, else none)
     max_seq_length       tokens kept per text, 0 = the model's (default 0)
-    max_text_bytes       texts are cut to this many bytes before tokenizing, so a huge string costs
-                         no more than a long one (default 65536)
+    max_text_bytes       texts are cut to at most this many bytes before tokenizing (at the last
+                         whitespace within 256 bytes of the limit when there is one), so a huge string
+                         costs no more than a long one (default 65536)
     max_request_texts    texts (for pairs: documents) per request; more is refused with an error
                          naming the limit (default 4096)
+    late_chunk_overlap   tokens shared by neighbouring windows of a late-chunked document longer than
+                         the maximum length; -1: 64, at most a quarter of that length (default -1)
     batch_backlog_us     `tokenize_batched` (embed's tokenizer, which reads these parameters): a
                          request that comes less than this many microseconds after execute() last
                          returned is taken as part of a backlog, so its response is sent by the
@@ -236,7 +239,8 @@ class TokenizeSettings(_Settings):
                          answered inside execute(), with no thread hop (default 250)
     """
     MODEL = "tokenize"
-    MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1, "batch_backlog_us": 0}
+    MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1, "batch_backlog_us": 0,
+               "late_chunk_overlap": -1}
 
     model_dir: str = ""
     model_kind: str = ""
@@ -246,11 +250,17 @@ class TokenizeSettings(_Settings):
     max_seq_length: int = 0
     max_text_bytes: int = 65536
     max_request_texts: int = 4096
+    late_chunk_overlap: int = -1
     batch_backlog_us: int = 250
 
     def __post_init__(self):
         self._check()
         self.prompt_map               # parse, or say what is wrong
+
+    @property
+    def overlap(self) -> int | None:
+        """late_chunk_overlap as LateChunker takes it (None: its default)."""
+        return None if self.late_chunk_overlap < 0 else self.late_chunk_overlap
         self.fallback_prompt_map
 
     @property
