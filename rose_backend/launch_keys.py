@@ -16,9 +16,8 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key  # noqa: F401 (check_key: for the launcher)
+from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key, read_key_file  # noqa: F401 (check_key, read_key_file: for the launcher)
 
 CONTROL_PLANE = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
 DATA_PLANE = ("inference", "metadata")
@@ -39,18 +38,6 @@ def key_from(env: dict, name: str) -> str | None:
 def admin_key_from(env: dict) -> str:
     """$ADMIN_KEY (checked), else a fresh random key."""
     return key_from(env, "ADMIN_KEY") or secrets.token_urlsafe(32)
-
-
-def read_key_file(path: str) -> str:
-    """The first line of a key file, stripped; ValueError naming the file (never its content)."""
-    try:
-        lines = Path(path).read_text().strip().splitlines()
-    except OSError as e:
-        raise ValueError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
-    key = lines[0].strip() if lines else ""
-    if not key:
-        raise ValueError(f"--api-key-file {path}: the file is empty")
-    return key
 
 
 def launch_keys(env: dict, api_key_file: str | None = None) -> Keys:

@@ -13,6 +13,8 @@ model repository (load / unload), model config, shared memory, statistics, trace
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 API_KEY_NAME = "api-key"          # Triton's restricted-protocol key for inference + metadata
 ADMIN_KEY_NAME = "admin-key"      # ... and for the control plane
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
@@ -43,4 +45,16 @@ def check_key(key: str | None, what: str = "API_KEY") -> str | None:
         return None
     if not 8 <= len(key) <= 256 or not all(33 <= ord(c) < 127 and c not in ":=," for c in key):
         raise ValueError(f"{what} must be 8 to 256 printable ASCII characters without spaces, ':', '=' or ','")
+    return key
+
+
+def read_key_file(path: str, what: str = "--api-key-file") -> str:
+    """The first line of a key file, stripped; ValueError naming the file (never its content)."""
+    try:
+        lines = Path(path).read_text().strip().splitlines()
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot read it ({e.strerror})") from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ValueError(f"{what} {path}: the file is empty")
     return key

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rose_client.auth import read_key_file
 from rose_client.client import EmbeddingClient
 from rose_client.inputs import INPUTS, CliError, blocks, count_rows, iter_texts
 from rose_client.tables import join_parquet, write_part
@@ -159,10 +160,10 @@ def _api_key(args) -> str | None:
     """The deployment's key: --api-key-file, else $API_KEY (never a command-line value: `ps` shows those)."""
     if args.api_key_file:
         try:
-            return Path(args.api_key_file).read_text().strip() or None
-        except OSError as e:
-            raise CliError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
-    return os.environ.get("API_KEY") or None
+            return read_key_file(args.api_key_file)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+    return (os.environ.get("API_KEY") or "").strip() or None
 
 
 def _require_pyarrow() -> None:

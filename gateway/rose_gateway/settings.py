@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from rose_client.auth import read_key_file
 from rose_client.client import parse_urls
 from rose_gateway.workers import default_workers
 
@@ -54,18 +54,6 @@ class GatewaySettings:
             raise ValueError("workers must be >= 1")
         if self.min_body_rate < 1 or self.max_header_bytes < 1024 or self.max_headers < 8:
             raise ValueError("min_body_rate must be >= 1, max_header_bytes >= 1024 and max_headers >= 8")
-
-
-def read_key_file(path: str) -> str:
-    """The key in a file (its first line, stripped); ValueError naming the file (never the key)."""
-    try:
-        lines = Path(path).read_text().strip().splitlines()
-    except OSError as e:
-        raise ValueError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
-    key = lines[0].strip() if lines else ""
-    if not key:
-        raise ValueError(f"--api-key-file {path}: the file is empty")
-    return key
 
 
 class _NoKeyOnTheCommandLine(argparse.Action):
