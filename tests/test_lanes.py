@@ -9,7 +9,7 @@ import pytest
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
-from rose_backend.serving.lanes import LanePolicy, lane_of_parameters, parse_lane
+from rose_backend.serving.lanes import LanePolicy, parse_lane
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
@@ -205,13 +205,24 @@ def test_a_full_pool_of_bulk_refuses_bulk_but_admits_queries(engine):
 
 def test_lane_parameter_parsing():
     assert parse_lane(None) is None and parse_lane("bulk") == "bulk" and parse_lane(" Interactive ") == "interactive"
-    assert lane_of_parameters('{"lane": "bulk", "outputs": "sparse"}') == "bulk"
-    assert lane_of_parameters("{}") is None and lane_of_parameters('{"outputs": "sparse"}') is None
+    from rose_backend.serving.triton_interop import request_parameters
+
+    class Req:                                          # Triton's request.parameters(): a JSON object
+        def __init__(self, raw):
+            self.raw = raw
+
+        def parameters(self):
+            return self.raw
+
+    def lane_of(raw):
+        return parse_lane(request_parameters(Req(raw)).get("lane"))
+    assert lane_of('{"lane": "bulk", "outputs": "sparse"}') == "bulk"
+    assert lane_of("{}") is None and lane_of('{"outputs": "sparse"}') is None and lane_of("") is None
     for bad in ("fast", "", 3):
         with pytest.raises(ValueError, match=r"'lane' must be one of interactive, bulk, got"):
             parse_lane(bad)
     with pytest.raises(ValueError, match="'lane'"):
-        lane_of_parameters('{"lane": "batch"}')
+        lane_of('{"lane": "batch"}')
 
 
 def test_lane_policy():

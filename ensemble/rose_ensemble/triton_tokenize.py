@@ -32,7 +32,7 @@ from rose_backend.serving.parent_watch import watch_parent
 from rose_backend.serving.polled_metrics import PolledMetrics
 from rose_backend.serving.settings import TokenizeSettings, model_config_file
 from rose_backend.serving.stage_clock import StageClock
-from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors
+from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors, request_parameters
 from rose_ensemble.late_chunks import LateChunker
 from rose_ensemble.pair_tokenization import PairTokenizer
 from rose_ensemble.text_requests import encode_jobs, read_text_job, wants_counts
@@ -126,14 +126,7 @@ class TokenizeModel:
 
 def outputs_parameter(request) -> str | None:
     """The request parameter `outputs` (Triton forwards request parameters to ensemble steps)."""
-    raw = request.parameters()
-    if not raw or raw == "{}":
-        return None
-    try:
-        params = json.loads(raw)
-    except ValueError:
-        return None
-    value = params.get("outputs") if isinstance(params, dict) else None
+    value = request_parameters(request).get("outputs")
     return None if value is None else str(value)
 
 

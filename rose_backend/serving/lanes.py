@@ -29,7 +29,6 @@ admission to its first batch (a histogram of cumulative bucket counts, for Prome
 from __future__ import annotations
 
 import bisect
-import json
 import math
 
 INTERACTIVE, BULK = "interactive", "bulk"
@@ -47,17 +46,6 @@ def parse_lane(value) -> str | None:
     if isinstance(value, str) and value.strip().lower() in LANES:
         return value.strip().lower()
     raise ValueError(f"request parameter 'lane' must be one of {', '.join(LANES)}, got {value!r}")
-
-
-def lane_of_parameters(raw: str | None) -> str | None:
-    """The `lane` of a request's parameters as Triton gives them (a JSON object); ValueError if bad."""
-    if not raw or raw == "{}":
-        return None
-    try:
-        params = json.loads(raw)
-    except ValueError:
-        return None
-    return parse_lane(params.get("lane")) if isinstance(params, dict) else None
 
 
 class LaneStats:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import json
 import logging
 import time
 
@@ -28,7 +27,7 @@ import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.lane_metrics import lane_series
-from rose_backend.serving.lanes import lane_of_parameters
+from rose_backend.serving.lanes import parse_lane
 from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_outputs, collect_piece, load_ranges,
                                           parse_options, refuse_token_inputs, special_token_ids, with_token_inputs)
@@ -38,7 +37,7 @@ from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.settings import RoseSettings
 from rose_backend.serving.stage_clock import StageClock
-from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors
+from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors, request_parameters
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
 
@@ -129,9 +128,10 @@ class RoseModel:
                 input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
                 token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
                                                    self.limits)
+                params = request_parameters(request)
                 opts = refuse_token_inputs(inputs) if self.output_name == "SCORES" else \
-                    self._options(request, inputs, seq_lens)
-                lane = lane_of_parameters(request.parameters())      # interactive | bulk | None: by size
+                    self._options(request, params, inputs, seq_lens)
+                lane = parse_lane(params.get("lane"))                # interactive | bulk | None: by size
                 r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
                             token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
                             token_type_ids=token_types)
@@ -150,15 +150,10 @@ class RoseModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
-    def _options(self, request, inputs: dict, seq_lens) -> OutputOptions:
+    def _options(self, request, params: dict, inputs: dict, seq_lens) -> OutputOptions:
         """The request's outputs, DIMENSIONS, ENCODING, late chunking and token counts
         (serving/outputs.py); ValueError if bad."""
-        raw = request.parameters()
-        try:
-            params = json.loads(raw) if raw and raw != "{}" else {}
-        except ValueError:
-            params = {}
-        choice = params.get("outputs") if isinstance(params, dict) else None
+        choice = params.get("outputs")
         dims, enc = inputs.get("DIMENSIONS"), inputs.get("ENCODING")
         opts = parse_options(request.requested_output_names(), None if choice is None else str(choice),
                              None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
