@@ -8,6 +8,9 @@
     python -m rose_bench forward-profile                   # device time and kernels per shape / backend (GPU)
     python -m rose_bench host-path                         # one request's host path, per stage
     python -m rose_bench tail                              # where a concurrent load's slowest requests spend their time
+    python -m rose_bench lanes --model bge-m3              # queries beside a bulk load (--modelled-device: no GPU)
+    python -m rose_bench http                              # the HTTP gateway beside gRPC embed and rose (perf_analyzer)
+    python -m rose_bench tokenizers                        # tokenizer.json readers against HF tokenizers: parity, speed
     python -m rose_bench gemm-sweep                        # the projections as bare GEMMs, per call form (GPU)
     python -m rose_bench merge OUT.json RUN.json ...       # join end-to-end runs of one model
     python -m rose_bench render-readme                     # README's Performance section from the JSON
