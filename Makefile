@@ -1,6 +1,7 @@
 # make serve   - install what is needed (first run) and serve the default model with tritonserver
 # make test    - install the test dependencies and run the whole CPU test suite
 # Variables: MODEL=<HF folder>  KIND=auto|embedding|cross-encoder|qwen3-reranker  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
+#            RERANKER=<reranker folder> (served as `rerank` beside MODEL's `embed`, in one server; KIND is MODEL's)
 #            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
 #            ROSE_CACHE_DIR=~/.cache/rose (persistent compile caches: flashinfer JIT, Triton kernels)
@@ -19,6 +20,7 @@ GATEWAY_PORT ?= 8080
 ADDRESS ?= 127.0.0.1
 REPLICAS ?= 1
 MODEL ?=
+RERANKER ?=
 KIND ?=
 GPUS ?=
 PYTEST_ARGS ?=
@@ -59,7 +61,8 @@ serve: install
 	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" exec $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
-	  $(if $(MODEL),--model "$(MODEL)") $(if $(KIND),--kind "$(KIND)") $(if $(GPUS),--gpus "$(GPUS)") \
+	  $(if $(MODEL),--model "$(MODEL)") $(if $(RERANKER),--reranker "$(RERANKER)") $(if $(KIND),--kind "$(KIND)") \
+	  $(if $(GPUS),--gpus "$(GPUS)") \
 	  $(if $(API_KEY_FILE),--api-key-file "$(API_KEY_FILE)")
 
 # Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one

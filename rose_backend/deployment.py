@@ -1,7 +1,13 @@
 """What one deployment is made of: the model repository (and copies of it with other parameters),
-the models a model folder is served with, and each server's ports."""
+the models a model folder is served with, and each server's ports.
+
+An embedding folder with a reranker folder beside it (`make serve RERANKER=...`) is served from a
+generated repository (reranker_repository): the embedding models as ever, plus `rerank_tokenize` and
+`rerank_rose` (copies of `tokenize` and `rose`, their settings included, with model_dir and model_kind
+set to the reranker folder's) and a `rerank` ensemble over them."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,15 +18,57 @@ from pathlib import Path
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
 MODELS = ("tokenize", "tokenize_batched", "rose", "embed")
 RERANK_MODELS = ("tokenize", "rose", "rerank")
+# a reranker beside an embedding model: its own steps, {name: the model it is a copy of}
+RERANKER_STEPS = {"rerank_tokenize": "tokenize", "rerank_rose": "rose"}
+WITH_RERANKER = MODELS + (*RERANKER_STEPS, "rerank")
 
 
-def served_models(model_dir: str | None, env: dict | None = None) -> tuple[str, ...]:
-    """The repository's models a folder is served with, by its kind (rose_backend/model_kind.py)."""
+def folder_kind(folder: str | Path | None, kind: str | None = None) -> str:
+    """The folder's kind (rose_backend/model_kind.py; kind None: $ROSE_MODEL_KIND, else detected)."""
     from rose_backend.config import ModelConfig, resolve_model_dir
+    return ModelConfig.from_folder(resolve_model_dir(folder), kind).kind
+
+
+def served_models(model_dir: str | None, env: dict | None = None, reranker: str | None = None) -> tuple[str, ...]:
+    """The repository's models a folder is served with, by its kind (rose_backend/model_kind.py); with a
+    reranker folder beside an embedding folder, both sets (WITH_RERANKER). ModelFolderError when the
+    pair is not an embedding folder and a reranker folder."""
+    from rose_backend.config import ModelFolderError, resolve_model_dir
     env = os.environ if env is None else env
     folder = model_dir or env.get("ROSE_MODEL_DIR") or None
-    kind = ModelConfig.from_folder(resolve_model_dir(folder), env.get("ROSE_MODEL_KIND") or None).kind
-    return MODELS if kind == "embedding" else RERANK_MODELS
+    kind = folder_kind(folder, env.get("ROSE_MODEL_KIND") or None)
+    if reranker is None:
+        return MODELS if kind == "embedding" else RERANK_MODELS
+    if kind != "embedding":
+        raise ModelFolderError(f"--reranker is served beside an embedding model, but the model folder "
+                               f"{resolve_model_dir(folder)} is a {kind}; serve it alone, or pass an embedding --model")
+    rkind = folder_kind(reranker, "auto")     # the reranker's own kind, whatever --kind says of --model
+    if rkind == "embedding":
+        archs = json.loads((resolve_model_dir(reranker) / "config.json").read_text()).get("architectures")
+        raise ModelFolderError(f"the reranker folder {resolve_model_dir(reranker)} is not a reranker (config.json "
+                               f"architectures: {archs}); --reranker takes a cross-encoder "
+                               f"(*ForSequenceClassification, one label) or a Qwen3-Reranker folder")
+    return WITH_RERANKER
+
+
+def reranker_repository(src: Path, dest: Path, model_dir: str | None, reranker: str) -> Path:
+    """A copy of the repository `src` at `dest` that serves the embedding folder model_dir (None: the
+    default model) and the reranker folder side by side (see the module docstring); both folders'
+    model_dir and model_kind are written into their models' parameters."""
+    from rose_backend.config import resolve_model_dir
+    embedding = {"model_dir": str(resolve_model_dir(model_dir)), "model_kind": "embedding"}
+    repository_copy(src, dest, {"tokenize": embedding, "rose": embedding})
+    own = {"model_dir": str(resolve_model_dir(reranker)), "model_kind": folder_kind(reranker, "auto")}
+    for name, base in RERANKER_STEPS.items():
+        shutil.copytree(dest / base, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        cfg = dest / name / "config.pbtxt"
+        cfg.write_text(re.sub(r'^name: "[^"]*"', f'name: "{name}"', cfg.read_text(), count=1, flags=re.M))
+        set_parameters(cfg, own)
+    cfg = dest / "rerank" / "config.pbtxt"
+    steps = {base: name for name, base in RERANKER_STEPS.items()}
+    cfg.write_text(re.sub(r'model_name: "(tokenize|rose)"', lambda m: f'model_name: "{steps[m.group(1)]}"',
+                          cfg.read_text()))
+    return dest
 
 
 @dataclass
@@ -52,13 +100,17 @@ def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]]) ->
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
     for model, values in params.items():
-        cfg = dest / model / "config.pbtxt"
-        text = cfg.read_text()
-        for key, value in values.items():
-            entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-            pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
-            text, n = pattern.subn(lambda _m: entry, text)
-            if n == 0:
-                text += "\n" + entry + "\n"
-        cfg.write_text(text)
+        set_parameters(dest / model / "config.pbtxt", values)
     return dest
+
+
+def set_parameters(cfg: Path, values: dict[str, str]) -> None:
+    """Replace (or add) string parameters of one config.pbtxt."""
+    text = cfg.read_text()
+    for key, value in values.items():
+        entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+        pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
+        text, n = pattern.subn(lambda _m: entry, text)
+        if n == 0:
+            text += "\n" + entry + "\n"
+    cfg.write_text(text)

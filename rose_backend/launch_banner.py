@@ -31,15 +31,22 @@ def client_command(urls: str, call: str = 'embed(["hello world"]).shape', keyed:
     return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
 
 
-def banner(model_dir: str, urls: str, seconds: float, reranker: bool, metrics_url: str,
-           gateway_url: str | None, keyed: bool, api_key_file: str | None) -> str:
-    call = 'rerank("what is rose?", ["a flower", "a server"])' if reranker else 'embed(["hello world"]).shape'
-    models = "rerank (query, documents)" if reranker else "embed (text)"
-    lines = [f"\nrose: serving {model_dir} on {urls} (gRPC), ready in {seconds:.1f} s. Models: {models}, "
-             f"tokenize, rose (token ids)." + (" An API key is required." if keyed else ""),
-             f"  {client_command(urls, call, keyed, api_key_file)}",
+def banner(model_dir: str, urls: str, seconds: float, models: tuple[str, ...], metrics_url: str,
+           gateway_url: str | None, keyed: bool, api_key_file: str | None, reranker_dir: str | None = None) -> str:
+    """models: those served; reranker_dir: the reranker folder served beside model_dir, if any."""
+    embeds, reranks = "embed" in models, "rerank" in models
+    served = ", ".join([*(["embed (text)"] if embeds else []), *(["rerank (query, documents)"] if reranks else []),
+                        "tokenize", "rose (token ids)", *(["rerank_tokenize", "rerank_rose"] if reranker_dir else [])])
+    folders = f"{model_dir} and the reranker {reranker_dir}" if reranker_dir else model_dir
+    calls = (['embed(["hello world"]).shape'] if embeds else []) + \
+        (['rerank("what is rose?", ["a flower", "a server"])'] if reranks else [])
+    lines = [f"\nrose: serving {folders} on {urls} (gRPC), ready in {seconds:.1f} s. Models: {served}."
+             + (" An API key is required." if keyed else ""),
+             *(f"  {client_command(urls, call, keyed, api_key_file)}" for call in calls),
              f"  metrics: {metrics_url}   Ctrl-C stops."]
     if gateway_url:
         bearer = "  (header Authorization: Bearer <the API key>)" if keyed else ""
-        lines.append(f"  HTTP (OpenAI-compatible): {gateway_url}/v1/embeddings{bearer}")
+        routes = "   ".join([*([f"{gateway_url}/v1/embeddings"] if embeds else []),
+                             *([f"{gateway_url}/v1/rerank"] if reranks else [])])
+        lines.append(f"  HTTP (OpenAI-compatible): {routes}{bearer}")
     return "\n".join(lines) + "\n"

@@ -1,6 +1,6 @@
 """Start tritonserver with this project's model repository (what `make serve` runs).
 
-    python -m rose_backend.launcher [--model DIR] [--grpc-port 8001] [--http-port 8000]
+    python -m rose_backend.launcher [--model DIR] [--reranker DIR] [--grpc-port 8001] [--http-port 8000]
                                     [--metrics-port 8002] [--address 127.0.0.1] [--replicas N]
                                     [--gateway-port 8080] [--api-key-file PATH]
 
@@ -10,7 +10,8 @@ Python beside libtriton_python.so), makes this project importable inside the stu
 (PYTHONPATH, and the interpreter's own libpython first on LD_LIBRARY_PATH), waits until every
 model is READY, starts the HTTP gateway and watches it, prints how to call it, and stops everything
 cleanly on Ctrl-C / SIGTERM. With --replicas N it starts N servers, replica i on ports shifted by
-10*i (8001, 8011, ...); with --gpus 0,1 replica i sees only GPU i (one server per GPU).
+10*i (8001, 8011, ...); with --gpus 0,1 replica i sees only GPU i (one server per GPU). --reranker DIR
+serves a reranker folder's `rerank` beside the embedding model's `embed` (rose_backend/deployment.py).
 Triton's control plane always requires an admin key ($ADMIN_KEY, else a random one); $API_KEY
 (or --api-key-file) makes inference, metadata and the gateway's /v1/* require a key too
 (rose_backend/launch_keys.py).
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -29,8 +32,8 @@ import urllib.request
 from pathlib import Path
 
 from rose_backend.argv_scrub import options_read, scrub_argv
-from rose_backend.deployment import (DEFAULT_REPOSITORY, MODELS, RERANK_MODELS, Ports, free_ports,  # noqa: F401
-                                     repository_copy, served_models)
+from rose_backend.deployment import (DEFAULT_REPOSITORY, MODELS, RERANK_MODELS, WITH_RERANKER, Ports,  # noqa: F401
+                                     free_ports, repository_copy, reranker_repository, served_models)
 from rose_backend.gateway_watch import GatewayFailed, GatewayWatch
 from rose_backend.launch_args import parse_args
 from rose_backend.launch_banner import banner, client_command  # noqa: F401
@@ -55,15 +58,18 @@ class TritonProcess:
                  ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
                  extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
                  models: tuple[str, ...] | None = None, die_with_parent: bool = True,
-                 exit_timeout: int | None = None, api_key: str | None = None, admin_key: str | None = None):
+                 exit_timeout: int | None = None, api_key: str | None = None, admin_key: str | None = None,
+                 reranker: str | None = None):
         """models: those to load (explicit model control). None: served_models() for the project's repository,
         every model for any other (the benchmarks' baselines). die_with_parent: the server is SIGKILLed when the
         thread that start()ed it dies (start servers from a thread that outlives them, e.g. the main thread).
-        exit_timeout: tritonserver's --exit-timeout-secs (default: exit_timeout_for, drain_timeout_s + 2)."""
+        exit_timeout: tritonserver's --exit-timeout-secs (default: exit_timeout_for, drain_timeout_s + 2).
+        reranker: a reranker folder served beside the embedding folder model_dir, from a repository
+        generated at start() and removed at stop() (deployment.reranker_repository)."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
-        self.models = models
-        if models is None and (self.repository / "rose" / "config.pbtxt").exists():
-            self.models = served_models(model_dir, os.environ if env is None else env)
+        self.models, self.reranker, self.source_repository = models, reranker, self.repository
+        if models is None and (reranker or (self.repository / "rose" / "config.pbtxt").exists()):
+            self.models = served_models(model_dir, os.environ if env is None else env, reranker)
         self.die_with_parent = die_with_parent
         self.exit_timeout = exit_timeout_for(self.repository) if exit_timeout is None else exit_timeout
         self.ports, self.address = ports or Ports(), address
@@ -108,6 +114,11 @@ class TritonProcess:
     def start(self) -> "TritonProcess":
         self.check_ports()
         install = find_triton()
+        if self.reranker and self.repository == self.source_repository:
+            tmp = Path(tempfile.mkdtemp(prefix=f"rose-models-{os.getpid()}-"))
+            self.repository = reranker_repository(self.source_repository, tmp / "model_repository",
+                                                  self.model_dir or (self.env or os.environ).get("ROSE_MODEL_DIR"),
+                                                  self.reranker)
         if self._fixed_admin_key is None:
             self.admin_key = secrets.token_urlsafe(32)
         env = cache_env(server_env(self.model_dir, install, self.env))
@@ -177,12 +188,14 @@ class TritonProcess:
         its exit timeout + 2 s, i.e. drain_timeout_s + 4 s); then remove whatever of it is left (a
         stub, a stub's /dev/shm segment). Returns the exit code."""
         timeout = self.exit_timeout + KILL_MARGIN_S if timeout is None else timeout
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            stop_tritonserver(self.proc, self.ports.grpc, self.shm_prefix, timeout)
-        self._reap()
-        return self.proc.returncode
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                stop_tritonserver(self.proc, self.ports.grpc, self.shm_prefix, timeout)
+            self._reap()
+        if self.repository != self.source_repository:          # the generated one, once the server is gone
+            shutil.rmtree(self.repository.parent, ignore_errors=True)
+            self.repository = self.source_repository
+        return None if self.proc is None else self.proc.returncode
 
     def _reap(self) -> None:
         """After tritonserver has exited: a Python stub it left behind (one whose model did not unload
@@ -263,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i]
         try:
             servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address, env=env,
-                                         verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key))
+                                         verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key,
+                                         reranker=args.reranker))
         except ModelFolderError as e:           # the folder's problem in one line, no traceback
             print(f"rose: {e}", file=sys.stderr)
             return 1
@@ -303,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         if watch:
             watch.start()
         from rose_backend.config import resolve_model_dir
-        print(banner(str(resolve_model_dir(args.model)), urls, time.monotonic() - t0, "rerank" in (servers[0].models or ()),
+        print(banner(str(resolve_model_dir(args.model)), urls, time.monotonic() - t0, servers[0].models or (),
                      f"http://{servers[0].address}:{servers[0].ports.metrics}/metrics",
-                     watch.gateway.url if watch else None, bool(keys.api_key), args.api_key_file), flush=True)
+                     watch.gateway.url if watch else None, bool(keys.api_key), args.api_key_file,
+                     args.reranker and str(resolve_model_dir(args.reranker))), flush=True)
         while not stopping and all(s.proc.poll() is None for s in servers):
             if watch:
                 watch.check()
