@@ -91,6 +91,7 @@ def client(server):
 # controller fails the run if a worker found any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server"}
 LONGEST_FIRST = ("test_server", "test_bench", "replicas", "test_supervision", "test_gateway_limits", "test_security",
+                 "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
                  "test_gateway_failover", "test_rerank_server")
 
