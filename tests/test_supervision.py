@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import leftovers
+from rose_backend.connections import children as children_of
 from rose_backend.launcher import TritonProcess, free_ports
 from rose_backend.serving.parent_watch import stub_arguments
 from rose_backend.supervision import exit_timeout_for
@@ -272,17 +273,6 @@ def test_stub_arguments_are_read_from_the_stub_command_line():
                        b"rose_0_0", b"DEFAULT"]) + b"\0"
     assert stub_arguments(cmd) == ("rose_12_8001_abc", 4242)
     assert stub_arguments(b"python\0-m\0pytest\0") is None
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            pass
-    return out
 
 
 @pytest.mark.server
