@@ -177,8 +177,12 @@ def build_unigram_spm(train_texts: list[str], vocab_size: int, out: Path) -> Pat
     (Precompiled charsmap normalizer, Metaspace, fairseq ids: <s> <pad> </s> <unk> first, <mask>
     last, `<s> $A </s>`). None where sentencepiece or transformers is not installed."""
     try:
+        import importlib
+
         import sentencepiece as spm
-        import transformers.convert_slow_tokenizer as convert
+        # the module itself: `import transformers.convert_slow_tokenizer as convert` can bind the
+        # function of that name that transformers exports, once its lazy namespace has loaded it
+        convert = importlib.import_module("transformers.convert_slow_tokenizer")
     except ImportError as e:
         log(f"no SentencePiece Unigram tokenizer: {e}")
         return None
