@@ -4,6 +4,7 @@ tokenizer.json raises Unsupported."""
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from importlib import metadata
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def template_ids(path: Path) -> tuple[list[int], list[int]]:
     return before, after
 
 
-class Adapter:
+class Adapter(ABC):
     """batch(texts) -> list of id lists, one(text) -> id list; add_special_tokens=True always."""
     name = ""
     module = ""
@@ -53,8 +54,9 @@ class Adapter:
         except metadata.PackageNotFoundError:
             return None
 
+    @abstractmethod
     def load(self, path: Path, truncate: int | None) -> None:
-        raise NotImplementedError
+        """Read the tokenizer.json at `path` (truncating at `truncate` tokens when given)."""
 
 
 class HFTokenizers(Adapter):
