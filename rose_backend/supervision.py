@@ -15,14 +15,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import re
 import signal
 import socket
 import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
-DEFAULT_DRAIN_TIMEOUT_S = 20
 EXIT_MARGIN_S = 2          # tritonserver's exit timeout = drain_timeout_s + this
 KILL_MARGIN_S = 2          # the launcher kills a server this long after its exit timeout (a server
                            # whose `rose` stub was killed -9 does not exit at its exit timeout)
@@ -67,17 +65,15 @@ def check_ports_free(host: str, ports: dict[str, int]) -> None:
                 raise
 
 
-_DRAIN = re.compile(r'key:\s*"drain_timeout_s"\s*value:\s*\{\s*string_value:\s*"(\d+)"')
-
-
 def drain_timeout_of(repository: str | Path, model: str = "rose") -> int:
-    """The `drain_timeout_s` parameter of `model` in a model repository (default 20)."""
-    try:
-        text = (Path(repository) / model / "config.pbtxt").read_text()
-    except OSError:
-        return DEFAULT_DRAIN_TIMEOUT_S
-    m = _DRAIN.search(text)
-    return int(m.group(1)) if m else DEFAULT_DRAIN_TIMEOUT_S
+    """The `drain_timeout_s` parameter of `model` in a model repository, read as Triton reads the
+    file (RoseSettings' default where the model or the parameter is absent)."""
+    from rose_backend.serving.settings import RoseSettings, model_config_file
+    cfg = Path(repository) / model / "config.pbtxt"
+    raw = None
+    if cfg.exists():
+        raw = (model_config_file(cfg).get("parameters") or {}).get("drain_timeout_s", {}).get("string_value")
+    return RoseSettings.from_values({"drain_timeout_s": raw} if raw else {}).drain_timeout_s
 
 
 def exit_timeout_for(repository: str | Path) -> int:
