@@ -58,19 +58,20 @@ class HeldEngine:
 
     def step(self, batch):
         done = threading.Event()
-        if not self.hold:
-            done.set()
         handle = HeldHandle(self.engine.step(batch), done)
-        with self.stepped:
+        with self.stepped:                 # hold read under the lock release_all() takes: a batch
+            if not self.hold:              # stepped while it releases is released too
+                done.set()
             self.batches.append(batch)
             self.released.append(done)
             self.stepped.notify_all()
         return handle
 
     def release_all(self):
-        self.hold = False
-        for e in list(self.released):
-            e.set()
+        with self.stepped:
+            self.hold = False
+            for e in self.released:
+                e.set()
 
 
 def service(eng, done, **lanes):
