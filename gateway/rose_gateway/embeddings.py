@@ -74,19 +74,11 @@ def parse_embedding_request(body: object, max_inputs: int) -> EmbeddingRequest:
     task = body.get("task")
     if task is not None and (not isinstance(task, str) or not task):
         raise bad_request("task", f"'task' must be a non-empty string (a prompt name), got {_show(task)}")
-    truncate = body.get("truncate", True)
-    if truncate is None:
-        truncate = True
-    if not isinstance(truncate, bool):
-        raise bad_request("truncate", f"'truncate' must be true or false, got {_show(truncate)}")
+    truncate = _flag(body, "truncate", True)
     lane = body.get("lane")
     if lane is not None and lane not in LANES:
         raise bad_request("lane", f"'lane' must be 'interactive' or 'bulk', got {_show(lane)}")
-    late = body.get("late_chunking", False)
-    if late is None:
-        late = False
-    if not isinstance(late, bool):
-        raise bad_request("late_chunking", f"'late_chunking' must be true or false, got {_show(late)}")
+    late = _flag(body, "late_chunking", False)
     if late and texts is None:
         raise bad_request("late_chunking", "'late_chunking' takes the chunks of one document as strings, "
                                            "not token ids")
@@ -186,3 +178,13 @@ def embedding_response(emb: np.ndarray, encoding: str, model: str, prompt_tokens
     return orjson.dumps({"object": "list", "data": data,
                          "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}},
                         option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    """A boolean field of the request (null or absent: `default`); 400 naming it otherwise."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(name, f"'{name}' must be true or false, got {_show(value)}")
+    return value

@@ -250,8 +250,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.transport.write(raw_error_response(status, message, code, retry_after))
         try:
             self.transport.write_eof()
-        except (OSError, RuntimeError, NotImplementedError):
-            self.transport.close()
+        except (OSError, RuntimeError, NotImplementedError):   # asyncio transports that cannot
+            self.transport.close()                              # half-close raise NotImplementedError
             return
         self._timer = self.loop.call_later(LINGER, self.transport.close)
 
