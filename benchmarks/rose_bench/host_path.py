@@ -1,12 +1,15 @@
 """Host path of one request through Triton: perf_analyzer latency of `rose` (token ids) and `embed`
 (one text) at concurrency 1, and where the time goes per stage (ROSE_STAGE_TIMES, see
-rose_backend/serving/stage_clock.py), for each model shape and each `inline_execute` setting.
+rose_backend/serving/stage_clock.py), for each model shape and each `inline_execute` setting. The
+stages are given for the whole server and, per perf_analyzer run, from the `rose` requests whose
+marks fall inside that run's time window (`stages_by_run`: what grows with the input, at each of
+`--lengths`).
 In the same server: `floor` (benchmarks/floor_repository: the same request, one GPU round trip and
 no engine), i.e. what Triton's Python backend costs around any GPU model on this host. Then, in a
 server of its own, `embed` with 512-word texts from 16 concurrent clients (p50, p99, throughput).
 
     source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench host-path --out OUT \
-        --models bge-m3,pplx-embed --inline bge-m3=true,false
+        --models bge-m3,pplx-embed --inline bge-m3=true,false [--lengths 128,512,4096,8192]
 
 Random-weight folders at the real shapes (the bench's WordLevel tokenizer: text "w12 w34" is ids
 [12, 34], so a 128-word text is the same 128 tokens as the `rose` id request). Results:
@@ -47,11 +50,30 @@ def triton_metric(url: str, name: str, model: str) -> float:
     return float(m.group(1)) if m else float("nan")
 
 
-def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: int) -> dict:
+def stages_in_windows(stage_dir: Path, model: str, windows: dict[str, tuple[int, int]]) -> dict:
+    """{run: {stage: p50_us, ..., "n": requests}} from `model`'s marks whose first mark lies in the
+    run's [start, end) perf_counter_ns window (the server's clock and ours are both CLOCK_MONOTONIC)."""
+    from rose_bench.trace_join import read_marks
+    marks = read_marks(stage_dir, model)
+    out = {}
+    for run, (t0, t1) in windows.items():
+        rows: dict[str, list[float]] = {}
+        inside = [m for m in marks if m and t0 <= m[0][1] < t1]
+        for m in inside:
+            for (_, a), (stage, b) in zip(m, m[1:]):
+                rows.setdefault(stage, []).append((b - a) / 1e3)
+            rows.setdefault("total", []).append((m[-1][1] - m[0][1]) / 1e3)
+        if inside:
+            out[run] = {"n": len(inside), **{k: round(float(np.median(v)), 1) for k, v in rows.items()}}
+    return out
+
+
+def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: int,
+               lengths: tuple[int, ...] = (128, 512)) -> dict:
     stage_dir = work / f"stages-{model}-{inline}"
     shutil.rmtree(stage_dir, ignore_errors=True)
     repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{model}-{inline}",
-                           {"rose": {"inline_execute": inline, "precapture": "1:128,1:512"}})
+                           {"rose": {"inline_execute": inline, "precapture": ",".join(f"1:{n}" for n in lengths)}})
     shutil.copytree(FLOOR_REPOSITORY / "floor", repo / "floor", ignore=shutil.ignore_patterns("__pycache__"))
     ports = free_ports()
     srv = TritonProcess(str(folder), repo, ports, log_file=work / f"triton-{model}-{inline}.log",
@@ -64,13 +86,15 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
         srv.wait_ready(timeout=420)
         out["ready_s"] = round(time.monotonic() - t0, 1)
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-        ids = {n: write_input_data(work / f"ids_{model}_{n}.json", vocab, n) for n in (128, 512)}
-        runs = {f"rose 1x{n} ids": ("rose", ids[n], 1) for n in (128, 512)}
-        runs.update({f"floor 1x{n} ids": ("floor", ids[n], 1) for n in (128, 512)})
+        ids = {n: write_input_data(work / f"ids_{model}_{n}.json", vocab, n) for n in lengths}
+        runs = {f"rose 1x{n} ids": ("rose", ids[n], 1) for n in lengths}
+        runs.update({f"floor 1x{n} ids": ("floor", ids[n], 1) for n in lengths if n <= 512})
         runs["embed one 128-word text"] = ("embed", text_input(work / f"text_{model}_128.json", vocab, 128), 1)
         metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
         step = "tokenize_batched" if (repo / "tokenize_batched").exists() else "tokenize"   # embed's tokenizer
+        windows = {}
         for name, (served, data, clients) in runs.items():
+            t_run = time.perf_counter_ns()
             before = {k: triton_metric(metrics, k, step) for k in
                       ("nv_inference_compute_infer_duration_us", "nv_inference_queue_duration_us", "nv_inference_request_success")}
             res = run_perf_analyzer(srv.grpc_url, served, data, work / f"pa-{model}-{inline}-{len(out)}.csv", interval_ms,
@@ -84,11 +108,16 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
                     res["tokenize_queue_us_per_request"] = round((after["nv_inference_queue_duration_us"]
                                                                   - before["nv_inference_queue_duration_us"]) / n, 1)
             out[name] = res
+            if served == "rose":
+                windows[name] = (t_run, time.perf_counter_ns())
             print(model, inline, name, json.dumps(res), flush=True)
     finally:
         out["server_exit_code"] = srv.stop()
     out["stages"] = {p.stem.rsplit("_", 1)[0] + f"[{i}]": json.loads(p.read_text())
                      for i, p in enumerate(sorted(stage_dir.glob("*.json")))}
+    out["stages_by_run"] = stages_in_windows(stage_dir, "rose", windows)
+    for run, stages in out["stages_by_run"].items():
+        print(model, inline, run, "stages p50 us:", json.dumps(stages), flush=True)
     return out
 
 
@@ -118,6 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="bge-m3,pplx-embed")
     ap.add_argument("--inline", default="", help="per model: MODEL=true,false;MODEL2=true (default: true)")
     ap.add_argument("--interval-ms", type=int, default=3000)
+    ap.add_argument("--lengths", default="128,512", help="token counts of the lone `rose` requests (floor: those <= 512)")
     ap.add_argument("--clients", type=int, default=16, help="concurrent clients of the embed 512-word run (0: none)")
     ap.add_argument("--work", default="/tmp/rose-host-path")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
@@ -132,7 +162,8 @@ def main(argv=None) -> int:
         folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if cuda else "cpu")
         for inline in modes.get(model, ["true"]):
             try:
-                result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms)
+                result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms,
+                                                                         tuple(int(n) for n in args.lengths.split(",")))
             except Exception as e:
                 result["runs"][f"{model}/inline={inline}"] = {"error": f"{type(e).__name__}: {e}"}
             (out / "host_path.json").write_text(json.dumps(result, indent=1))

@@ -8,6 +8,12 @@ built with the GPU hidden (a builder without one): a process with an empty cache
 the modules it placed in flashinfer's prebuilt-module folder.
 
     source .gpu/enter.sh && python3 -m pytest tests/gpu/test_precompile_gpu.py -q -s
+
+With ROSE_GPU_PRECOMPILED=DIR (benchmarks/gpu/gpu_suite.sh: DIR filled by `python -m
+rose_backend.precompile` for the pplx-embed shape just before the suite) both tests precompile into
+DIR instead of an empty folder: the build then finds its modules up to date, and what is checked is
+that a server started from DIR compiles nothing and that --aot places loadable modules. Without it
+the first test builds from nothing (about 90 s of nvcc on an H200 host).
 """
 from __future__ import annotations
 
@@ -47,6 +53,14 @@ torch.cuda.synchronize()
 """
 
 
+PRECOMPILED = "ROSE_GPU_PRECOMPILED"
+
+
+def precompiled_folder(empty: Path) -> Path:
+    """The folder to precompile into: $ROSE_GPU_PRECOMPILED (already filled) or `empty`."""
+    return Path(os.environ[PRECOMPILED]) if os.environ.get(PRECOMPILED) else empty
+
+
 def built_files(cache: Path) -> dict[str, int]:
     """{path: mtime} of flashinfer's objects and libraries and of every Triton cache file."""
     fi = [p for p in (cache / "flashinfer").rglob("*") if p.suffix in (".o", ".so")]
@@ -56,7 +70,7 @@ def built_files(cache: Path) -> dict[str, int]:
 def test_a_precompiled_folder_serves_without_compiling(gpu_tmp, tmp_path):
     folder = make_folder("pplx-embed", gpu_tmp / "precompile-pplx-8l", device="cuda", num_hidden_layers=8,
                          vocab_size=4096)
-    cache = tmp_path / "cache"
+    cache = precompiled_folder(tmp_path / "cache")
     base = {k: v for k, v in os.environ.items() if k not in OURS}
     r = subprocess.run([sys.executable, "-m", "rose_backend.precompile", "--model", str(folder), "--out", str(cache)],
                        cwd=ROOT, env=base, capture_output=True, text=True, timeout=900)
@@ -84,7 +98,8 @@ def test_a_precompiled_folder_serves_without_compiling(gpu_tmp, tmp_path):
     assert all(Path(m["library"]).is_relative_to(served["workspace"]) for m in modules)   # the same arch folder
     if hopper:
         assert "flashinfer_fa3" in served["attention"]                        # the prebuilt module was loaded
-    assert served["seconds"] < record["seconds"] / 2
+    if not os.environ.get(PRECOMPILED):                                    # a build from nothing
+        assert served["seconds"] < record["seconds"] / 2
 
 
 def test_aot_modules_load_without_nvcc(gpu_tmp, tmp_path):
@@ -94,14 +109,14 @@ def test_aot_modules_load_without_nvcc(gpu_tmp, tmp_path):
     base = {k: v for k, v in os.environ.items() if k not in OURS}
     aot = Path(env.FLASHINFER_AOT_DIR)
     before = {p.name for p in aot.iterdir()} if aot.is_dir() else set()
+    cache = precompiled_folder(tmp_path / "cache")
     try:
-        r = subprocess.run([sys.executable, "-m", "rose_backend.precompile", "--model", str(folder), "--out",
-                            str(tmp_path / "cache"), "--arch", f"{major}.{minor}", "--aot"], cwd=ROOT,
+XX, f"{major}.{minor}", "--aot"], cwd=ROOT,
                            env={**base, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=600)
         print(r.stdout[-2000:])
         assert r.returncode == 0, r.stderr[-3000:]
         assert "skipped: the Triton-language kernels" in r.stdout                 # no GPU seen
-        modules = json.loads((tmp_path / "cache" / "precompile.json").read_text())["flashinfer"]["modules"]
+        modules = json.loads((cache / "precompile.json").read_text())["flashinfer"]["modules"]
         assert "silu_and_mul" in {m["kind"] for m in modules}
         assert all(Path(m["aot"]).is_file() and Path(m["aot"]).parent.parent == aot for m in modules)
         no_nvcc = os.pathsep.join(d for d in base.get("PATH", "").split(os.pathsep) if not (Path(d) / "nvcc").exists())
