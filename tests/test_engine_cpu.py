@@ -112,6 +112,27 @@ def test_backend_table_choice(tmp_path):
     assert t.choose("h16kv16d64", 1, 128, both, layers=200, plan_us=plan) == "flashinfer"     # 2300 < 2400
 
 
+def test_backend_table_interpolates_between_token_counts(tmp_path):
+    """A configuration between two measured token counts takes both into account (log-log), not the
+    nearer alone: the H200's BGE-M3 cells at 2,048 and 8,192 tokens put fa3 ahead at 4,096 by more than
+    its host plan, while the 2,048 cell alone did not."""
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"shapes": {"h16kv16d64": [
+        {"seqs": 1, "tokens": 2048, "us": {"flashinfer_fa3": 55.72, "torch_varlen": 61.67}},
+        {"seqs": 1, "tokens": 8192, "us": {"flashinfer_fa3": 583.25, "torch_varlen": 874.32}},
+        {"seqs": 16, "tokens": 8192, "us": {"flashinfer_fa3": 100.0, "torch_varlen": 90.0}}]}}))
+    t = BackendTable.load(p)
+    both = ["flashinfer_fa3", "torch_varlen"]
+    plan = {"flashinfer_fa3": 330.0}
+    est = t.estimate("h16kv16d64", 1, 4096)
+    assert est["torch_varlen"] == pytest.approx((61.67 * 874.32) ** 0.5)      # halfway in log tokens
+    assert est["flashinfer_fa3"] == pytest.approx((55.72 * 583.25) ** 0.5)
+    assert t.choose("h16kv16d64", 1, 4096, both, layers=24, plan_us=plan) == "flashinfer_fa3"
+    assert t.choose("h16kv16d64", 1, 2048, both, layers=24, plan_us=plan) == "torch_varlen"   # 143 < 330
+    assert t.estimate("h16kv16d64", 1, 512) == {"flashinfer_fa3": 55.72, "torch_varlen": 61.67}   # past the end
+    assert t.estimate("h16kv16d64", 12, 8192) == {"flashinfer_fa3": 100.0, "torch_varlen": 90.0}  # nearest seqs
+
+
 def test_engine_uses_cpu_backend(cfg, eager):
     assert eager.backend_for(1, 128) == "sdpa_loop"
     assert isinstance(eager.model.attn, SdpaLoopBackend)

@@ -30,7 +30,7 @@ rc_pre=0
 for p in "${pids[@]}"; do wait "$p" || rc_pre=$?; done
 t1=$(date +%s.%N)
 echo "== precompile rc=$rc_pre in $(python3 -c "print(round($t1 - $t0, 1))") s (both shapes side by side)"
-tail -3 "$L"/precompile-*.log
+tail -n 3 "$L"/precompile-*.log
 eval "$(python3 -c "
 import shlex
 from rose_backend.supervision import cache_env

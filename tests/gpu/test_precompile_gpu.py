@@ -83,7 +83,9 @@ def test_a_precompiled_folder_serves_without_compiling(gpu_tmp, tmp_path):
                                                                   any(m["backend"] == "fa3" for m in modules))
     fi_root = cache / "flashinfer" / ".cache" / "flashinfer"
     assert all(Path(m["library"]).is_file() and Path(m["library"]).is_relative_to(fi_root) for m in modules)
-    assert record["triton"]["triton_cache_files"] > 0, record["triton"]       # the warm-up compiled them here
+    # the warm-up compiled the Triton-language kernels here (new files: this run's; found: an earlier's)
+    assert record["triton"]["triton_cache_files"] > 0 or (os.environ.get(PRECOMPILED) and any(
+        p.is_file() for p in (cache / "triton").rglob("*"))), record["triton"]
     before = built_files(cache)
 
     serve_env = cache_env({**base, "ROSE_CACHE_DIR": str(cache)})
@@ -111,7 +113,8 @@ def test_aot_modules_load_without_nvcc(gpu_tmp, tmp_path):
     before = {p.name for p in aot.iterdir()} if aot.is_dir() else set()
     cache = precompiled_folder(tmp_path / "cache")
     try:
-XX, f"{major}.{minor}", "--aot"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "rose_backend.precompile", "--model", str(folder), "--out",
+                            str(cache), "--arch", f"{major}.{minor}", "--aot"], cwd=ROOT,
                            env={**base, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=600)
         print(r.stdout[-2000:])
         assert r.returncode == 0, r.stderr[-3000:]
