@@ -33,6 +33,7 @@ from rose_backend.engine.memory_budget import check_fits, device_limit, engine_b
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
+from rose_backend.layers.fp8 import quantize_for_fp8
 from rose_backend.models import build_model
 from rose_backend.models.heads import build_head
 from rose_backend.models.m3_heads import HeadsMissing, M3Heads
@@ -67,21 +68,19 @@ class Engine:
     Arguments (all but cfg have defaults):
         device        "cpu", "cuda", "cuda:1", ... (the serving layer passes Triton's device id)
         dtype         default bf16 on CUDA, float32 on the CPU
-        attention     a backend name (attention.py) for every batch, or None / "auto": per
-                      configuration from the measured table (backend_table.py), CPU: sdpa_loop
-        graphs        CUDA graphs with lazy capture; default on for CUDA, off on the CPU (on the
-                      CPU, True runs the same bucketed static-buffer path with a stand-in graph).
-                      False: every batch eager on its exact shapes (no padding)
-        max_tokens    largest token bucket (batches beyond run eagerly, unpadded); default 65536
-        max_seqs      largest sequence-count bucket (powers of two); default 512
-        max_inflight  handles the caller keeps outstanding; the pinned ring has max_inflight + 1
-                      slots. A handle neither synchronized nor ready when its slot comes round
-                      again is detached (waited for) first, so results are never overwritten.
+        attention     a backend name (attention.py) for every batch, or None / "auto": per configuration
+                      from the measured table (backend_table.py), CPU: sdpa_loop
+        graphs        CUDA graphs with lazy capture (default: on CUDA only; True on the CPU runs the same
+                      bucketed static-buffer path with a stand-in graph); False: every batch eager, unpadded
+        max_tokens, max_seqs  largest token / sequence-count (powers of two) bucket; 65536, 512 (past them: eager)
+        max_inflight  handles the caller keeps outstanding; the pinned ring has max_inflight + 1 slots (a
+                      handle still pending when its slot comes round is waited for first: nothing overwritten)
         graph_memory_cap_bytes  no new graph once graphs hold this much (None: no cap; graph_cache.py)
         memory_limit_bytes  refuse to start when `budget` (memory_budget.py, computed before loading)
                       is over it; None: on CUDA the free memory less a margin, on the CPU no check
         precapture    [(num_seqs, num_tokens), ...] configurations to warm and capture at start-up
         backend_table a BackendTable or a path to its JSON (default: engine/attention_table.json)
+        fp8_min_tokens  FP8 projection GEMMs for batches of at least this many tokens (layers/fp8.py); None: off
     Each batch is run as exactly one of: eager (first sight of a configuration, or graphs off),
     capture (second sight: capture then replay), replay; `stats` counts them.
     """
@@ -91,7 +90,7 @@ class Engine:
                  graphs: bool | None = None, max_tokens: int = 65536, max_seqs: int = 512,
                  max_inflight: int = 2, graph_memory_cap_bytes: int | None = None,
                  precapture: list[tuple[int, int]] | tuple = (), memory_limit_bytes: int | None = None,
-                 backend_table: BackendTable | str | None = None):
+                 backend_table: BackendTable | str | None = None, fp8_min_tokens: int | None = None):
         t0 = time.perf_counter()
         self.cfg = cfg
         self.device = torch.device(device)
@@ -104,9 +103,10 @@ class Engine:
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
         self.graphs_on = cuda if graphs is None else bool(graphs)
         self.budget = engine_budget(cfg, self.device, self.dtype, self.attention, max_tokens, max_seqs, max_inflight,
-                                    graph_memory_cap_bytes, self.graphs_on)      # before loading anything
+                                    graph_memory_cap_bytes, self.graphs_on, bool(fp8_min_tokens))   # before loading
         check_fits(self.budget, device_limit(self.device, memory_limit_bytes), f"on {self.device}")
         self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
+        quantize_for_fp8(self.model, self.device, fp8_min_tokens)         # dtype=fp8 (None: nothing)
         self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
         self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
         self.type_stride = cfg.max_positions if cfg.uses_token_types else 0

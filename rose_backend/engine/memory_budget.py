@@ -58,6 +58,7 @@ from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.graph_cache import seq_buckets, token_buckets
 from rose_backend.engine.staging import Layout
 from rose_backend.layers.attention import AttentionShape, available_backends, backend_class
+from rose_backend.layers.fp8 import fp8_copy_bytes
 from rose_backend.loading import HEAD_FILES
 from rose_backend.models.m3_heads import head_files
 
@@ -91,8 +92,10 @@ class MemoryBudget:
 
 def engine_budget(cfg: ModelConfig, device: str | torch.device, dtype: torch.dtype, attention: str | None = None,
                   max_tokens: int = 65536, max_seqs: int = 512, max_inflight: int = 2,
-                  graph_memory_cap_bytes: int | None = None, graphs: bool | None = None) -> MemoryBudget:
-    """The budget of Engine(cfg, device, dtype, attention, max_tokens=..., ...) (same defaults)."""
+                  graph_memory_cap_bytes: int | None = None, graphs: bool | None = None,
+                  fp8: bool = False) -> MemoryBudget:
+    """The budget of Engine(cfg, device, dtype, attention, max_tokens=..., ...) (same defaults);
+    fp8: the engine also holds FP8 copies of the projections (layers/fp8.py)."""
     device = torch.device(device)
     cuda = device.type == "cuda"
     graphs = cuda if graphs is None else graphs
@@ -102,7 +105,8 @@ def engine_budget(cfg: ModelConfig, device: str | torch.device, dtype: torch.dty
     words = Layout(sb, tb).words * 4
     ring = 0 if cuda else (max_inflight + 1) * (words + (sb + 1) * cfg.embedding_dim * 4)
     pool = 0 if not graphs else (act if graph_memory_cap_bytes is None else graph_memory_cap_bytes)
-    return MemoryBudget(weights=weight_bytes(cfg, elt), graphs=pool,
+    weights = weight_bytes(cfg, elt) + (fp8_copy_bytes(cfg) if fp8 else 0)
+    return MemoryBudget(weights=weights, graphs=pool,
                         workspace=workspace_bytes(cfg, device, dtype, attention), buffers=words + ring,
                         activations=act)
 

@@ -29,17 +29,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, name: str) -> torch.Tensor:
-    """act(x @ weight.T + bias): [T, K] -> [T, N].
+def linear_act(x: torch.Tensor, linear: torch.nn.Module, name: str) -> torch.Tensor:
+    """act(linear(x)): [T, K] -> [T, N], for an nn.Linear or an Fp8Linear (layers/fp8.py; its FP8
+    batches run the GEMM, then the activation).
 
     On CUDA a GELU ("gelu", "gelu_new", "gelu_pytorch_tanh") runs in the cuBLASLt epilogue of the
     GEMM (torch._addmm_activation with use_gelu): one kernel instead of two. That epilogue is the
     tanh approximation of GELU; against the exact erf form it differs by < 3e-4 absolute per
     element, below bf16 rounding of the activations (checked against the float32 HF reference).
     """
+    uses_fp8 = getattr(linear, "uses_fp8", None)
+    if uses_fp8 is not None and uses_fp8(x):
+        return activation(name)(linear(x))
     if fused.on(x) and name in _GELU_EPILOGUE and x.dim() == 2 and x.shape[0] > 1:
-        return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
-    return activation(name)(F.linear(x, weight, bias))
+        return torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
+    return activation(name)(F.linear(x, linear.weight, linear.bias))
 
 
 _GELU_EPILOGUE = ("gelu", "gelu_new", "gelu_pytorch_tanh")

@@ -47,7 +47,7 @@ class BertLayer(nn.Module):
         q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
         a = self.attn.run(q, k, v).reshape(t, -1)                                     # [T, H]
         x = self.attn_norm(project_for_norm(a, self.o_proj), x)
-        h = linear_act(x, self.ffn_up.weight, self.ffn_up.bias, self.act_name)           # [T, F]
+        h = linear_act(x, self.ffn_up, self.act_name)                                   # [T, F]
         return self.ffn_norm(project_for_norm(h, self.ffn_down), x)
 
 
