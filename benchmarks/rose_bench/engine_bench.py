@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--check", action="store_true", help="compare each configuration with unpadded eager")
     ap.add_argument("--unfused", action="store_true", help="also time the unfused add/LN/GELU variant")
+    ap.add_argument("--fp8-min-tokens", type=int, default=0,
+                    help="also time every configuration with FP8 projections from this many tokens (layers/fp8.py)")
     args = ap.parse_args(argv)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
@@ -143,6 +145,12 @@ def main(argv=None) -> int:
         fused.enabled = True
         del eng2
         print("unfused", res["unfused_configs"], flush=True)
+    if args.fp8_min_tokens:
+        eng_fp8 = Engine(cfg, "cuda", max_tokens=65536, max_seqs=128, fp8_min_tokens=args.fp8_min_tokens)
+        res["fp8_min_tokens"] = args.fp8_min_tokens
+        res["fp8_configs"] = [per_config(eng_fp8, rng, s, n) for s, n in CONFIGS]
+        del eng_fp8
+        print("fp8", res["fp8_configs"], flush=True)
     res["stats_after"] = str(eng.stats)
     del eng
     torch.cuda.empty_cache()
