@@ -190,7 +190,7 @@ def install_aot(rows: list[dict]) -> None:
 
 
 def engine_limits(cfg, settings) -> dict:
-    """The engine's bucket limits as `rose` sets them (serving/triton_rose.py)."""
+    """The engine's bucket limits as `rose` sets them (triton/rose_model.py)."""
     return {"max_tokens": max(settings.max_batch_tokens, cfg.max_positions), "max_seqs": settings.max_batch_seqs}
 
 
@@ -220,7 +220,7 @@ def count_files(folder: str | Path) -> int:
 
 def load_settings(repository: str | None):
     """`rose`'s settings: from REPOSITORY/rose/config.pbtxt, else the defaults."""
-    from rose_backend.serving.settings import RoseSettings, model_config_file
+    from rose_backend.triton.model_settings import RoseSettings, model_config_file
     if not repository:
         return RoseSettings()
     return RoseSettings.from_model_config(model_config_file(Path(repository) / "rose" / "config.pbtxt"))

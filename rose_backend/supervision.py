@@ -46,7 +46,7 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 
 def die_with_parent() -> None:
     """preexec_fn for a server process: SIGKILL when the launcher dies (its stubs then see their
-    server gone and exit, rose_backend/serving/parent_watch.py). Runs between fork and exec."""
+    server gone and exit, rose_backend/triton/parent_watch.py). Runs between fork and exec."""
     set_parent_death_signal(signal.SIGKILL)
 
 
@@ -68,7 +68,7 @@ def check_ports_free(host: str, ports: dict[str, int]) -> None:
 def drain_timeout_of(repository: str | Path, model: str = "rose") -> int:
     """The `drain_timeout_s` parameter of `model` in a model repository, read as Triton reads the
     file (RoseSettings' default where the model or the parameter is absent)."""
-    from rose_backend.serving.settings import RoseSettings, model_config_file
+    from rose_backend.triton.model_settings import RoseSettings, model_config_file
     cfg = Path(repository) / model / "config.pbtxt"
     raw = None
     if cfg.exists():

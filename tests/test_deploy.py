@@ -92,7 +92,7 @@ def test_services_and_autoscaler_point_at_real_things():
     assert hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
     (metric,) = hpa["spec"]["metrics"]
     name = metric["pods"]["metric"]["name"]
-    served = (ROOT / "rose_backend" / "serving" / "triton_rose.py").read_text()
+    served = (ROOT / "rose_backend" / "triton" / "rose_model.py").read_text()
     assert f'"{name}"' in served                                   # a gauge rose exports
     (cm,) = by_kind("ConfigMap")
     assert re.search(rf"seriesQuery: '{name}\{{", cm["data"]["config.yaml"])

@@ -16,6 +16,7 @@ PACKAGES = {"rose_backend": ROOT / "rose_backend", "rose_ensemble": ROOT / "ense
 # rose_backend's layers, bottom up; a module may import its own layer and those below it.
 RANKS = [("rose_backend.config", 0), ("rose_backend.loading", 0), ("rose_backend.layers", 1),
          ("rose_backend.models", 2), ("rose_backend.engine", 3), ("rose_backend.serving", 4),
+         ("rose_backend.triton", 4.5),
          ("rose_backend.launcher", 5), ("rose_backend.triton_install", 5), ("rose_backend.precompile", 5),
          ("rose_backend.supervision", 5), ("rose_backend.testing", 5),
          # the launcher's own modules: process control, above the serving layer
@@ -72,7 +73,7 @@ def _rank(name: str) -> int:
 
 def test_the_picture_covers_every_package():
     assert all(any(_within(m, pkg) for m in MODULES) for pkg in PACKAGES), sorted(MODULES)
-    assert "rose_backend.serving.triton_rose" in MODULES and "rose_client.client" in MODULES
+    assert "rose_backend.triton.rose_model" in MODULES and "rose_client.client" in MODULES
 
 
 def test_client_imports_nothing_of_the_server_side():
@@ -98,7 +99,7 @@ def test_rose_backend_layers_import_only_downwards():
 
 def test_only_the_serving_layer_and_the_shims_know_triton():
     knows = sorted(m for m, imps in IMPORTS.items() if "triton_python_backend_utils" in imps)
-    assert knows and all(_within(m, "rose_backend.serving") or m == "rose_ensemble.triton_tokenize"
+    assert knows and all(_within(m, "rose_backend.triton") or m == "rose_ensemble.triton_tokenize"
                          for m in knows), knows
 
 

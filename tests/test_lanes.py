@@ -12,7 +12,7 @@ from rose_backend.engine.engine import Engine
 from rose_backend.serving.lanes import LanePolicy, parse_lane
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.serving.settings import RoseSettings
+from rose_backend.triton.model_settings import RoseSettings
 from rose_backend.testing.waiting import wait_until
 
 
@@ -206,7 +206,7 @@ def test_a_full_pool_of_bulk_refuses_bulk_but_admits_queries(engine):
 
 def test_lane_parameter_parsing():
     assert parse_lane(None) is None and parse_lane("bulk") == "bulk" and parse_lane(" Interactive ") == "interactive"
-    from rose_backend.serving.triton_interop import request_parameters
+    from rose_backend.triton.request_inputs import request_parameters
 
     class Req:                                          # Triton's request.parameters(): a JSON object
         def __init__(self, raw):

@@ -1,4 +1,4 @@
-"""The served models' parameters: one settings object each (rose_backend.serving.settings) whose
+"""The served models' parameters: one settings object each (rose_backend.triton.model_settings) whose
 defaults are the ones config.pbtxt and the docstring state, and whose bad values are refused with
 an error naming the model and the parameter."""
 import dataclasses
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.serving.settings import RoseSettings, TokenizeSettings
+from rose_backend.triton.model_settings import RoseSettings, TokenizeSettings
 
 REPO = Path(__file__).resolve().parent.parent / "model_repository"
 PARAM = re.compile(r'parameters \{ key: "([^"]+)" value: \{ string_value: "((?:[^"\\]|\\.)*)" \} \}')
@@ -40,9 +40,15 @@ def test_config_pbtxt_and_docstring_state_the_code_defaults(cls, model):
 
 
 def test_embedding_service_defaults_are_the_settings():
+    """The serving core knows nothing of config.pbtxt: its defaults are written beside its code, and
+    must be the `rose` parameters' own."""
     sig = inspect.signature(EmbeddingService.__init__).parameters
-    for name in ("max_batch_tokens", "max_batch_seqs", "max_inflight", "max_queued_tokens"):
+    for name in ("max_batch_tokens", "max_batch_seqs", "max_inflight", "max_queued_tokens", "response_threads",
+                 "host_memory_trim"):
         assert sig[name].default == getattr(RoseSettings(), name), name
+    lanes = sig["lane_settings"].default
+    for f in dataclasses.fields(lanes):
+        assert getattr(lanes, f.name) == getattr(RoseSettings(), f.name), f.name
 
 
 def test_parses_types_and_keeps_defaults_for_empty_values():

@@ -19,7 +19,7 @@ import pytest
 import leftovers
 from rose_backend.connections import children as children_of
 from rose_backend.launcher import TritonProcess, free_ports
-from rose_backend.serving.parent_watch import stub_arguments
+from rose_backend.triton.parent_watch import stub_arguments
 from rose_backend.supervision import exit_timeout_for
 from rose_client import StreamConnection
 from server import LOG_DIR, repository_with
@@ -246,7 +246,7 @@ def test_triton_objects_are_kept_not_destroyed_once_the_server_is_gone(monkeypat
     (parent_watch.server_gone): once the stub has been re-parented, they are kept instead."""
     import gc
     import weakref
-    from rose_backend.serving import parent_watch
+    from rose_backend.triton import parent_watch
     from rose_backend.serving.scheduler import Request
 
     class Sender:            # stands in for Triton's response sender (only its lifetime matters)

@@ -22,7 +22,7 @@ import numpy as np
 
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.serving.settings import RoseSettings
+from rose_backend.triton.model_settings import RoseSettings
 
 
 class ModelledHandle:

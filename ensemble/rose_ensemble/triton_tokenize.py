@@ -14,7 +14,8 @@ parameters are `tokenize`'s (read from ../tokenize/config.pbtxt: one place for p
 Optional outputs TOKEN_COUNTS / TRUNCATED and late chunking (DOC_CHUNKS in, TOKEN_CHUNKS out):
 text_requests.py and late_chunks.py.
 
-config.pbtxt parameters: rose_backend.serving.settings.TokenizeSettings (their meaning and defaults). Bad input gets an INVALID_ARG error naming what is wrong.
+config.pbtxt parameters: rose_backend.triton.model_settings.TokenizeSettings (their meaning and
+defaults). Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import resolve_model_dir
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Unavailable
-from rose_backend.serving.parent_watch import watch_parent
-from rose_backend.serving.polled_metrics import PolledMetrics
-from rose_backend.serving.settings import TokenizeSettings, model_config_file
 from rose_backend.serving.stage_clock import StageClock
-from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors, request_parameters
+from rose_backend.triton.decoupled import DecoupledModel, send_final
+from rose_backend.triton.model_settings import TokenizeSettings, model_config_file
+from rose_backend.triton.numpy_interop import check_numpy_interop
+from rose_backend.triton.parent_watch import watch_parent
+from rose_backend.triton.polled_metrics import PolledMetrics
+from rose_backend.triton.request_inputs import input_tensors, request_parameters
 from rose_ensemble.late_chunks import LateChunker
 from rose_ensemble.pair_tokenization import PairTokenizer
 from rose_ensemble.text_requests import encode_jobs, read_text_job, wants_counts
@@ -48,7 +51,7 @@ class _Timed:
 class TokenizeModel:
     def initialize(self, args):
         check_numpy_interop(pb_utils, "tokenize")
-        watch_parent("tokenize")    # exit with the server (see rose_backend/serving/parent_watch.py)
+        watch_parent("tokenize")    # exit with the server (see rose_backend/triton/parent_watch.py)
         try:
             config = self._model_config(args)
             self.output_names = frozenset(o["name"] for o in json.loads(args["model_config"]).get("output", []))
@@ -159,10 +162,10 @@ def passed_on(inputs: dict) -> tuple:
     return tuple(pb_utils.Tensor(name, inputs[name].as_numpy()) for name in PASSED_ON if name in inputs)
 
 
-class TokenizeBatchedModel(TokenizeModel):
-    """Decoupled: execute() reads and checks each request, then hands it to the batcher, which
-    encodes it at once on this thread when idle (and answers it here too when there is no backlog),
-    or together with every request waiting (tokenize_batcher.py)."""
+class TokenizeBatchedModel(DecoupledModel, TokenizeModel):
+    """Decoupled (execute(): rose_backend/triton/decoupled.py): admit() reads and checks each request,
+    then hands it to the batcher, which encodes it at once on this thread when idle (and answers it
+    here too when there is no backlog), or together with every request waiting (tokenize_batcher.py)."""
 
     COUNTERS = {
         "rose_tokenize_encode_calls_total": ("Rust encode calls (each holds one or more requests)",
@@ -191,21 +194,16 @@ class TokenizeBatchedModel(TokenizeModel):
             raise ValueError(f"tokenize_batched takes its parameters from {source!r}; unknown here: {sorted(params)}")
         return model_config_file(Path(args["model_repository"]).parent / source / "config.pbtxt")
 
-    def execute(self, requests):
-        clock = self.clock
-        for request in requests:
-            t0 = time.perf_counter_ns() if clock is not None else 0
-            sender = request.get_response_sender()
-            try:
-                inputs = input_tensors(request)
-                text_job = read_text_job(inputs, self.tokenizer, self.chunker, wants_counts(outputs_parameter(request)))
-                job = Job(text_job, sender, request.is_cancelled, passed_on(inputs))
-                if clock is not None:
-                    job.marks += [("received", t0), ("read_and_decoded", time.perf_counter_ns())]
-                self.batcher.submit(job)
-            except Exception as e:          # every request gets its one FINAL response
-                sender.send(error_response(e), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
+    def admit(self, request, sender, received_ns: int) -> None:
+        inputs = input_tensors(request)
+        text_job = read_text_job(inputs, self.tokenizer, self.chunker, wants_counts(outputs_parameter(request)))
+        job = Job(text_job, sender, request.is_cancelled, passed_on(inputs))
+        if self.clock is not None:
+            job.marks += [("received", received_ns), ("read_and_decoded", time.perf_counter_ns())]
+        self.batcher.submit(job)
+
+    def refusal(self, error: Exception):
+        return error_response(error)
 
     def _encode(self, jobs):
         return encode_jobs(self.tokenizer, self.chunker, jobs)
@@ -217,7 +215,7 @@ class TokenizeBatchedModel(TokenizeModel):
         response = error_response(error) if error is not None else outputs_response(result, job.extras)
         if clock is not None and job.marks:
             clock.mark(job, "response_built")
-        job.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        send_final(job.handle, response)
         if clock is not None and job.marks:
             clock.mark(job, "sent")
             clock.finish(job)

@@ -1,1 +1,2 @@
-"""Serving (Tulip): request pool, FCFS batch former, completion side; the Triton glue lives in triton_rose.py."""
+"""Serving (Tulip): request pool, FCFS batch former, completion side; independent of Triton (its glue
+is rose_backend/triton, which imports this, never the reverse)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass
 
 INTERACTIVE, BULK = "interactive", "bulk"
 LANES = (INTERACTIVE, BULK)
@@ -68,6 +69,17 @@ class LaneStats:
         cumulative count of a Prometheus histogram bucket."""
         i = len(WAIT_BUCKETS_S) if math.isinf(bound_s) else WAIT_BUCKETS_S.index(bound_s)
         return sum(self.wait_counts[lane][:i + 1])
+
+
+@dataclass(frozen=True)
+class LaneSettings:
+    """The lanes' parameters, as `rose`'s parameters of the same names (their meaning and defaults:
+    RoseSettings in rose_backend/triton/model_settings.py, which carries these fields too)."""
+    bulk_threshold_tokens: int = 8192
+    bulk_min_share: float = 0.25
+    bulk_batch_tokens: int = 6144
+    bulk_max_inflight: int = 2
+    interactive_recent_ms: int = 1000
 
 
 class LanePolicy:

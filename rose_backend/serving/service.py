@@ -40,34 +40,34 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy
+from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy, LaneSettings
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.oom_retry import retry_in_halves
-from rose_backend.serving.parent_watch import drop_triton_objects
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, is_out_of_memory
 from rose_backend.serving.responders import Responders
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
-from rose_backend.serving.settings import RoseSettings
 
 log = logging.getLogger(__name__)
 
 
 class EmbeddingService:
-    def __init__(self, engine, on_complete: Callable[[Request], None], *,
-                 max_batch_tokens: int = RoseSettings.max_batch_tokens, max_batch_seqs: int = RoseSettings.max_batch_seqs,
-                 max_inflight: int = RoseSettings.max_inflight, max_queued_tokens: int = RoseSettings.max_queued_tokens,
-                 inline: bool = True, clock=None, on_piece: Callable | None = None,
-                 response_threads: int = RoseSettings.response_threads,
-                 host_memory_trim: str = RoseSettings.host_memory_trim, lane_settings: RoseSettings = RoseSettings()):
-        """Limits as the `rose` parameters of the same names (defaults: RoseSettings's); lane_settings: the
-        settings whose bulk_* and interactive_recent_ms parameters steer the lanes; inline: run a
-        lone request on the submitting thread (the resolved `inline_execute`); clock: a StageClock;
-        on_piece(request, first seq, last seq, {name: rows}): takes a piece's sparse / ColBERT rows as
-        its batch is collected (views of reused buffers: valid in the call and the on_complete it leads to);
-        response_threads, host_memory_trim: as the `rose` parameters (responders.py, memory.py)."""
+    def __init__(self, engine, on_complete: Callable[[Request], None], *, max_batch_tokens: int = 16384,
+                 max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 1 << 20,
+                 inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
+                 host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
+                 release: Callable[[Request], None] | None = None):
+        """Limits as the `rose` parameters of the same names, with their defaults (RoseSettings;
+        tests/test_settings.py holds the two together); lane_settings: a LaneSettings, or any settings
+        with its fields (RoseSettings), steering the lanes; inline: run a lone request on the submitting
+        thread (the resolved `inline_execute`); clock: a StageClock; on_piece(request, first seq, last
+        seq, {name: rows}): takes a piece's sparse / ColBERT rows as its batch is collected (views of
+        reused buffers: valid in the call and the on_complete it leads to); response_threads,
+        host_memory_trim: as the `rose` parameters (responders.py, memory.py); release(request): lets
+        go of the caller's objects once the request is answered (default drop_caller_objects)."""
         self.engine = engine
         self.on_complete = on_complete
         self.on_piece = on_piece
+        self.release = release or drop_caller_objects
         self.inline = inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
@@ -179,7 +179,7 @@ class EmbeddingService:
                     self._collect(block=not held)
             except Exception:  # never let the loop die: that would strand every request
                 log.exception("scheduler loop error")
-            del batch, gone                   # hold no finished request while waiting (see _release)
+            del batch, gone                   # hold no finished request while waiting (see release)
             self._host_memory.maybe_trim(idle=not self._inflight and not self.scheduler.has_work())
 
     def _abort_all(self) -> None:
@@ -338,11 +338,11 @@ class EmbeddingService:
             log.exception("sending a response failed")
         if self.clock is not None and r.error is None:
             self.clock.finish(r, "+".join(sorted(r.token_outputs)))   # dense-only: ungrouped
-        _release(r)
+        self.release(r)
 
 
-def _release(r: Request) -> None:
-    # Drop the caller's objects (Triton's response sender and request) as soon as the request is
-    # answered: Triton counts a request in flight until they are gone, and unloading the model at
-    # shutdown waits for that. (Kept instead once the server is dead: parent_watch.server_gone.)
-    drop_triton_objects(r, "handle", "is_cancelled")
+def drop_caller_objects(r: Request) -> None:
+    """The default release: the caller's objects (its response handle, its cancellation check) go as
+    soon as the request is answered. Triton counts a request in flight until its sender and request
+    are gone, and unloading the model at shutdown waits for that."""
+    r.handle = r.is_cancelled = None

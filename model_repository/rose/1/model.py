@@ -1,4 +1,4 @@
-"""Triton entry point of `rose`; the logic lives in rose_backend.serving.triton_rose."""
+"""Triton entry point of `rose`; the logic lives in rose_backend.triton.rose_model."""
 import os
 import site
 import sys
@@ -11,4 +11,4 @@ for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pa
     site.addsitedir(_p)                                 # also runs the folder's .pth files
     sys.path[:] = [p for p in sys.path if p not in _before] + _before
 
-from rose_backend.serving.triton_rose import RoseModel as TritonPythonModel  # noqa: E402,F401
+from rose_backend.triton.rose_model import RoseModel as TritonPythonModel  # noqa: E402,F401

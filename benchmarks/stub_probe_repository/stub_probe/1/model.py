@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors  # noqa: E402
+from rose_backend.triton.numpy_interop import check_numpy_interop  # noqa: E402
+from rose_backend.triton.request_inputs import input_tensors  # noqa: E402
 from rose_backend.serving.validation import RequestLimits, validate_tokens  # noqa: E402
 from rose_ensemble.tokenization import TextTokenizer  # noqa: E402
 

@@ -11,7 +11,7 @@ e.g. histogram_quantile(0.99, rate(rose_lane_wait_seconds_bucket{lane="interacti
 from __future__ import annotations
 
 from rose_backend.serving.lanes import LANES, WAIT_BUCKETS_S
-from rose_backend.serving.polled_metrics import Series, histogram_series
+from rose_backend.triton.polled_metrics import Series, histogram_series
 
 
 def lane_series() -> list[Series]:

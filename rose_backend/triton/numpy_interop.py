@@ -10,7 +10,6 @@ itself is refused too, unless $ROSE_ALLOW_NUMPY2=1 says the Python backend was b
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -36,21 +35,3 @@ def check_numpy_interop(pb_utils, model: str) -> None:
             "point ROSE_STUB_SITE at a folder holding numpy 1.26 (benchmarks/gpu/add_stub_numpy.sh), "
             "or use a Triton build whose Python backend supports numpy 2.")
 
-
-def input_tensors(request) -> dict:
-    """{name: pb_utils.Tensor} of a request's inputs, read once (pb_utils.get_input_tensor_by_name
-    rebuilds the list of inputs on every call)."""
-    return {t.name(): t for t in request.inputs()}
-
-
-def request_parameters(request) -> dict:
-    """A request's parameters as a dict (Triton hands them over as a JSON object; it forwards an
-    ensemble's request parameters to its steps); {} when there are none or they do not parse."""
-    raw = request.parameters()
-    if not raw or raw == "{}":
-        return {}
-    try:
-        params = json.loads(raw)
-    except ValueError:
-        return {}
-    return params if isinstance(params, dict) else {}

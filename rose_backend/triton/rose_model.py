@@ -4,11 +4,12 @@ A reranker folder (rose_backend/model_kind.py) answers SCORES [S] instead, one s
 query-document pair (the sequences are the pairs, tokenized by `tokenize`); TOKEN_TYPE_IDS
 (optional, INT32 beside INPUT_IDS) carries BERT cross-encoders' segment ids (zeros elsewhere).
 
-execute() validates each request, admits it into the EmbeddingService pool and returns None; the
-service's loop thread batches, runs the engine and calls back here to send each request exactly
-one response, with the FINAL flag. Bad input gets an error response at once; nothing else waits.
+execute() (triton/decoupled.py) validates each request, admits it into the EmbeddingService pool and
+returns None; the service's loop thread batches, runs the engine and calls back here to send each
+request exactly one response, with the FINAL flag. Bad input gets an error response at once; nothing
+else waits.
 
-config.pbtxt parameters: rose_backend.serving.settings.RoseSettings (their meaning and defaults).
+config.pbtxt parameters: rose_backend.triton.model_settings.RoseSettings (their meaning and defaults).
 Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
 and the summary written to <folder>/rose_<pid>.json when the model unloads (serving/stage_clock.py).
 
@@ -26,24 +27,26 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from rose_backend.config import ModelConfig, resolve_model_dir
-from rose_backend.serving.lane_metrics import lane_series
 from rose_backend.serving.lanes import parse_lane
 from rose_backend.serving.outcomes import Unavailable
 from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_outputs, collect_piece, load_ranges,
                                           parse_options, refuse_token_inputs, special_token_ids, with_token_inputs)
-from rose_backend.serving.parent_watch import watch_parent
-from rose_backend.serving.polled_metrics import PolledMetrics, Series
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.serving.settings import RoseSettings
 from rose_backend.serving.stage_clock import StageClock
-from rose_backend.serving.triton_interop import check_numpy_interop, input_tensors, request_parameters
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
+from rose_backend.triton.decoupled import DecoupledModel, send_final
+from rose_backend.triton.lane_metrics import lane_series
+from rose_backend.triton.model_settings import RoseSettings
+from rose_backend.triton.numpy_interop import check_numpy_interop
+from rose_backend.triton.parent_watch import drop_triton_objects, watch_parent
+from rose_backend.triton.polled_metrics import PolledMetrics, Series
+from rose_backend.triton.request_inputs import input_tensors, request_parameters
 
 log = logging.getLogger("rose")
 
-class RoseModel:
+class RoseModel(DecoupledModel):
     def initialize(self, args):
         import torch   # loaded here so that importing this module stays cheap
 
@@ -96,7 +99,8 @@ class RoseModel:
                 self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
                 max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
                 inline=inline == "true", clock=self.clock, on_piece=on_piece,
-                response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s)
+                response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
+                release=_release)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])
@@ -115,40 +119,34 @@ class RoseModel:
             raise ValueError("parameter device=cuda but no CUDA device is visible")
         return f"cuda:{gpu_id if kind == 'GPU' else 0}"
 
-    def execute(self, requests):
+    def admit(self, request, sender, received_ns: int) -> None:
         clock = self.clock
-        for request in requests:
-            t0 = time.perf_counter_ns() if clock is not None else 0
-            sender = request.get_response_sender()
-            try:
-                inputs = input_tensors(request)
-                ids, lens, types = inputs.get("INPUT_IDS"), inputs.get("SEQ_LENS"), inputs.get("TOKEN_TYPE_IDS")
-                ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
-                t1 = time.perf_counter_ns() if clock is not None else 0
-                input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
-                token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size,
-                                                   self.limits)
-                params = request_parameters(request)
-                opts = refuse_token_inputs(inputs) if self.output_name == "SCORES" else \
-                    self._options(request, params, inputs, seq_lens)
-                lane = parse_lane(params.get("lane"))                # interactive | bulk | None: by size
-                r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
-                            token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
-                            token_type_ids=token_types)
-                if clock is not None:
-                    r.marks += [("received", t0), ("inputs_read", t1), ("validated", time.perf_counter_ns())]
-                self.service.submit(r)
-            except Exception as e:  # every request gets its one FINAL response, whatever went wrong
-                if isinstance(e, Unavailable):
-                    code = pb_utils.TritonError.UNAVAILABLE
-                elif isinstance(e, ValueError):
-                    code = pb_utils.TritonError.INVALID_ARG
-                else:
-                    log.exception("rose: admitting a request failed")
-                    code = pb_utils.TritonError.INTERNAL
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {e}", code)),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
+        inputs = input_tensors(request)
+        ids, lens, types = inputs.get("INPUT_IDS"), inputs.get("SEQ_LENS"), inputs.get("TOKEN_TYPE_IDS")
+        ids, lens = None if ids is None else ids.as_numpy(), None if lens is None else lens.as_numpy()
+        t1 = time.perf_counter_ns() if clock is not None else 0
+        input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
+        token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size, self.limits)
+        params = request_parameters(request)
+        opts = refuse_token_inputs(inputs) if self.output_name == "SCORES" else \
+            self._options(request, params, inputs, seq_lens)
+        lane = parse_lane(params.get("lane"))                # interactive | bulk | None: by size
+        r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
+                    token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
+                    token_type_ids=token_types)
+        if clock is not None:
+            r.marks += [("received", received_ns), ("inputs_read", t1), ("validated", time.perf_counter_ns())]
+        self.service.submit(r)
+
+    def refusal(self, error: Exception):
+        if isinstance(error, Unavailable):
+            code = pb_utils.TritonError.UNAVAILABLE
+        elif isinstance(error, ValueError):
+            code = pb_utils.TritonError.INVALID_ARG
+        else:
+            log.exception("rose: admitting a request failed")
+            code = pb_utils.TritonError.INTERNAL
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {error}", code))
 
     def _options(self, request, params: dict, inputs: dict, seq_lens) -> OutputOptions:
         """The request's outputs, DIMENSIONS, ENCODING, late chunking and token counts
@@ -180,7 +178,7 @@ class RoseModel:
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {r.error}", code))
         if self.clock is not None:
             self.clock.mark(r, "response_built")
-        r.handle.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        send_final(r.handle, response)
         if self.clock is not None:
             self.clock.mark(r, "sent")
 
@@ -193,6 +191,12 @@ class RoseModel:
 
 
 _DENSE = OutputOptions(frozenset({"EMBEDDINGS"}), frozenset())
+
+
+def _release(r: Request) -> None:
+    """The service's release of an answered request: Triton's sender and request go at once (Triton
+    counts the request in flight until then), unless the server is gone (parent_watch.server_gone)."""
+    drop_triton_objects(r, "handle", "is_cancelled")
 
 
 _COUNTERS = {  # metric name -> (description, where the value comes from)
