@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import abc
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Hashable
 
 import torch
 import torch.nn.functional as F
+
+from rose_backend.layers import switches
 
 
 @dataclass(slots=True)
@@ -159,7 +160,7 @@ def unavailable_reason(name: str, shape: AttentionShape, device: torch.device | 
 
 def available_backends(shape: AttentionShape, device: torch.device | str) -> list[str]:
     """Backends that can run `shape` here, less those named in $ROSE_ATTENTION_EXCLUDE (comma list)."""
-    excluded = {n.strip() for n in os.environ.get("ROSE_ATTENTION_EXCLUDE", "").split(",") if n.strip()}
+    excluded = switches.attention_excluded()
     return [n for n in BACKENDS if n not in excluded and unavailable_reason(n, shape, device) is None]
 
 

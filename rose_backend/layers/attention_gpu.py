@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import os
 
 import torch
 
+from rose_backend.layers import switches
 from rose_backend.layers.attention import AttentionBackend, AttentionMetadata, AttentionShape
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -116,7 +116,7 @@ class FlashInferBackend(AttentionBackend):
     # sweep and overflowed past it. The workspace is sized from $ROSE_FLASHINFER_WORKSPACE_MB
     # (default 512: the 16384-token batches of the default budget) and the token limit scales
     # with it (8192 tokens per 256 MB; 2048 MB served 100 x 512 = 51200 tokens on the H200).
-    float_workspace_bytes = int(os.environ.get("ROSE_FLASHINFER_WORKSPACE_MB", "512")) << 20
+    float_workspace_bytes = switches.flashinfer_workspace_mb() << 20
     max_tokens = 8192 * max(1, float_workspace_bytes // (256 << 20))
     int_workspace_bytes = (8 << 20) * max(1, float_workspace_bytes // (256 << 20))
     # plan() schedules the batch in Python and copies the schedule to the device: the engine's

@@ -10,20 +10,19 @@ the split adds no kernel, and the projection's output is never rounded to bf16.
     y = project_for_norm(x, linear)     # linear(x), or Partials on CUDA at <= max_tokens tokens
     x = add_norm(y, residual)           # AddLayerNorm / AddRMSNorm take either
 
-`max_tokens` (module attribute; $ROSE_SPLITK_MAX_TOKENS, default 256; 0 turns it off) bounds the
+`max_tokens` (module attribute; from $ROSE_SPLITK_MAX_TOKENS, layers/switches.py) bounds the
 token count; the fused-kernel switch (layers/fused.py) turns it off with the other kernels.
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from rose_backend.layers import fused
+from rose_backend.layers import fused, switches
 
-max_tokens = int(os.environ.get("ROSE_SPLITK_MAX_TOKENS", "256"))
+max_tokens = switches.splitk_max_tokens()
 _BK = 128
 
 

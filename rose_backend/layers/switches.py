@@ -1,0 +1,28 @@
+"""The engine's switches that come from the environment, in one place (for A/B measurements and for
+hosts where a kernel misbehaves; the served settings are the `rose` parameters, not these):
+
+    ROSE_ATTENTION_EXCLUDE         comma-separated attention backends never chosen (e.g. flashinfer_fa3);
+                                   read at each call, so a test or a tool may set it late
+    ROSE_FLASHINFER_WORKSPACE_MB   flashinfer's float workspace per backend in MiB (default 512; its
+                                   largest batch scales with it: 8,192 tokens per 256 MiB)
+    ROSE_SPLITK_MAX_TOKENS         largest token count that runs the split-K projections (default 256;
+                                   0: never); layers/projection.py keeps it as `max_tokens`
+
+The fused-kernel switch is a module attribute, not an environment variable: layers/fused.py.
+"""
+from __future__ import annotations
+
+import os
+
+
+def attention_excluded() -> set[str]:
+    """The backend names in $ROSE_ATTENTION_EXCLUDE."""
+    return {n.strip() for n in os.environ.get("ROSE_ATTENTION_EXCLUDE", "").split(",") if n.strip()}
+
+
+def flashinfer_workspace_mb() -> int:
+    return int(os.environ.get("ROSE_FLASHINFER_WORKSPACE_MB", "512"))
+
+
+def splitk_max_tokens() -> int:
+    return int(os.environ.get("ROSE_SPLITK_MAX_TOKENS", "256"))
