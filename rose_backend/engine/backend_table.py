@@ -29,7 +29,6 @@ class BackendTable:
     def __init__(self, data: dict | None = None):
         self.data = data or {}
         self.shapes: dict[str, list[dict]] = self.data.get("shapes", {})
-        self._chosen: dict[tuple, str] = {}        # choose() runs per batch: remember its answers
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "BackendTable":
@@ -43,21 +42,16 @@ class BackendTable:
                plan_us: dict[str, float] | None = None) -> str:
         """Backend name for one configuration, among `available` (non-empty): the least
         `layers` x (measured us per layer call) + (host us to plan the batch, `plan_us`), since the
-        plan runs on the host before the forward pass and a lone request waits for both."""
+        plan runs on the host before the forward pass and a lone request waits for both. Not memoised
+        here: Engine.backend_for remembers its configurations' answers."""
         if not available:
             raise ValueError("no attention backend can run here")
-        key = (shape_key, seqs, tokens, tuple(available), layers)
-        hit = self._chosen.get(key)
-        if hit is not None:
-            return hit
         plan_us = plan_us or {}
         cost = {n: t * layers + plan_us.get(n, 0.0) for n, t in self.estimate(shape_key, seqs, tokens).items()
                 if n in available}
-        choice = min(cost, key=cost.get) if cost else None
-        if choice is None:
-            choice = next((n for n in PREFERENCE if n in available), available[0])
-        self._chosen[key] = choice
-        return choice
+        if cost:
+            return min(cost, key=cost.get)
+        return next((n for n in PREFERENCE if n in available), available[0])
 
     def estimate(self, shape_key: str, seqs: int, tokens: int) -> dict[str, float]:
         """{backend: us per layer call} at (seqs, tokens): the cells of the nearest measured sequence
