@@ -126,7 +126,8 @@ def test_forced_out_of_memory_past_the_cap_loses_nothing():
 
     cfg = ModelConfig.from_folder(None)
     # one configuration captured at start fills the cap: every other one runs eagerly from there on
-    eng = Engine(cfg, graphs=True, max_tokens=2048, max_seqs=64, graph_memory_cap_bytes=1, precapture=[(1, 64)])
+    eng = Engine(cfg, graphs=True, max_tokens=2048, max_seqs=64, graph_memory_cap_bytes=1)
+    eng.precapture([(1, 64)])
     assert eng.graphs.full and eng.stats.graph_captures == 1
     ref = Engine(cfg, graphs=False)
 

@@ -78,7 +78,6 @@ class Engine:
         graph_memory_cap_bytes  no new graph once graphs hold this much (None: no cap; graph_cache.py)
         memory_limit_bytes  refuse to start when `budget` (memory_budget.py, computed before loading)
                       is over it; None: on CUDA the free memory less a margin, on the CPU no check
-        precapture    [(num_seqs, num_tokens), ...] configurations to warm and capture at start-up
         backend_table a BackendTable or a path to its JSON (default: engine/attention_table.json)
         fp8_min_tokens  FP8 projection GEMMs for batches of at least this many tokens (layers/fp8.py); None: off
     Each batch is run as exactly one of: eager (first sight of a configuration, or graphs off),
@@ -89,7 +88,7 @@ class Engine:
                  dtype: torch.dtype | None = None, attention: str | None = None, *,
                  graphs: bool | None = None, max_tokens: int = 65536, max_seqs: int = 512,
                  max_inflight: int = 2, graph_memory_cap_bytes: int | None = None,
-                 precapture: list[tuple[int, int]] | tuple = (), memory_limit_bytes: int | None = None,
+                 memory_limit_bytes: int | None = None,
                  backend_table: BackendTable | str | None = None, fp8_min_tokens: int | None = None):
         t0 = time.perf_counter()
         self.cfg = cfg
@@ -134,8 +133,6 @@ class Engine:
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
         self.last_marks: list[tuple[str, int]] = []
         self.graphs.start(self.device)
-        if precapture:
-            self.precapture(precapture)
         self.stats.startup_seconds = time.perf_counter() - t0
 
     def bind_thread(self) -> None:
