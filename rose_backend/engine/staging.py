@@ -14,6 +14,7 @@ both read them from it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,11 +112,38 @@ class DeviceViews:
         self.words = layout.words
 
 
+LONE_TEMPLATE_MAX_TOKENS = 1024       # token buckets up to this keep lone-sequence templates (12 KB each at most)
+
+
+@functools.lru_cache(maxsize=512)
+def lone_template(sb: int, tb: int, t: int, pad_id: int) -> np.ndarray:
+    """The staged words of one sequence of t tokens in layout (sb, tb), with the ids region holding
+    padding: what `stage` writes for such a batch except its ids (read-only; cached)."""
+    layout = Layout(sb, tb)
+    out = np.zeros(layout.words, dtype=np.int32)
+    out[layout.ids] = pad_id
+    pos, seq, cu = out[layout.pos], out[layout.seq], out[layout.cu]
+    pos[:t] = np.arange(t, dtype=np.int32)
+    seq[t:] = sb
+    cu[1:sb + 1] = t
+    cu[sb + 1] = tb
+    inv = out[layout.inv].view(np.float32)
+    inv[0] = 1.0 / t
+    out.flags.writeable = False
+    return out
+
+
 def stage(batch: PackedBatch, layout: Layout, out: np.ndarray, pad_id: int, arange: np.ndarray,
           positions: np.ndarray | None = None) -> int:
     """Write `batch` padded to `layout` into `out` (a slot's int32 staging); return the words used.
-    `arange` is a cached 0..Tb-1; `positions` overrides the per-sequence positions (token types)."""
+    `arange` is a cached 0..Tb-1; `positions` overrides the per-sequence positions (token types).
+    A lone sequence in a small layout (the online case) is two copies: its cached template
+    (`lone_template`), then its ids; on the GPU host each numpy call on this path costs 5-20 us."""
     s, t, sb, tb = batch.num_seqs, batch.num_tokens, layout.sb, layout.tb
+    if s == 1 and positions is None and tb <= LONE_TEMPLATE_MAX_TOKENS:
+        out[:layout.words] = lone_template(sb, tb, t, pad_id)
+        out[:t] = batch.input_ids
+        return layout.words
     ids, pos, seq, cu = out[layout.ids], out[layout.pos], out[layout.seq], out[layout.cu]
     inv = out[layout.inv].view(np.float32)
     ids[:t] = batch.input_ids
