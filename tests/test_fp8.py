@@ -83,3 +83,22 @@ def test_a_device_without_fp8_is_refused_with_the_reason(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     why = unavailable_reason("cuda:0")
     assert "compute capability 8.9" in why and "A100" in why and "8.0" in why
+
+
+def test_dtype_fp8_serves_within_the_gate_on_a_real_server(sentence_model):
+    """`rose` with dtype=fp8 (and fp8_min_tokens low enough for these batches) on a tritonserver: the
+    all-MiniLM-L6-v2 embeddings of real weights stay within the fp8 gate of sentence-transformers'."""
+    from rose_client import EmbeddingClient
+    from server import running_server
+    texts = ["Paris is the capital of France.", "FP8 halves the bytes a weight takes.",
+             "A lone query waits for nothing.", "Re-indexing runs all night."]
+    with running_server(params={"rose": {"dtype": "fp8", "fp8_min_tokens": "8"}}, name="fp8", timeout=180) as srv:
+        with EmbeddingClient(srv.grpc_url) as client:
+            got = client.embed(texts)
+        log = open(srv.log_file).read()
+    want = sentence_model.encode(texts, normalize_embeddings=True)
+    gap = cos_dist(got, want)
+    print(f"dtype=fp8 against sentence-transformers: max 1 - cos {float(gap.max()):.2e}")
+    assert float(gap.max()) <= 5e-3, gap
+    assert float(gap.max()) > 1e-7, gap                                 # the FP8 path ran (float32 alone: ~1e-7)
+    assert "rose: cannot start" not in log

@@ -19,7 +19,7 @@ from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.warmup import parse_precapture
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}
+          "float16": "float16", "fp16": "float16", "fp8": ""}     # fp8: the default activations, FP8 GEMMs
 
 
 class _Settings:
@@ -84,7 +84,11 @@ class RoseSettings(_Settings):
                          else detected from the folder, rose_backend/model_kind.py); a reranker
                          answers SCORES instead of EMBEDDINGS
     device               auto | cpu | cuda (default auto: the instance kind Triton assigns)
-    dtype                float32 | bfloat16 | float16 (default "": bfloat16 on GPU, float32 on CPU)
+    dtype                float32 | bfloat16 | float16 | fp8 (default "": bfloat16 on GPU, float32 on CPU);
+                         fp8: the default, with the layers' projections run as FP8 GEMMs (e4m3, per-channel
+                         weight and per-token activation scales) for batches of at least fp8_min_tokens
+                         tokens (layers/fp8.py); refused on a GPU without FP8 tensor cores
+    fp8_min_tokens       the smallest batch, in tokens, that runs FP8 GEMMs under dtype=fp8 (default 4096)
     attention            attention backend name (default "": the engine's choice per configuration)
     max_batch_tokens     token budget of one forward pass (default 16384)
     max_batch_seqs       sequence cap of one forward pass (default 64)
@@ -146,12 +150,13 @@ class RoseSettings(_Settings):
                "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
                "gpu_memory_headroom_mb": 0, "graph_memory_mb": 0, "memory_limit_mb": 0,
                "bulk_threshold_tokens": 0, "bulk_batch_tokens": 1,
-               "bulk_max_inflight": 1, "interactive_recent_ms": 0}
+               "bulk_max_inflight": 1, "interactive_recent_ms": 0, "fp8_min_tokens": 1}
 
     model_dir: str = ""
     model_kind: str = ""
     device: str = "auto"
     dtype: str = ""
+    fp8_min_tokens: int = 4096
     attention: str = ""
     max_batch_tokens: int = 16384
     max_batch_seqs: int = 64
@@ -194,9 +199,14 @@ class RoseSettings(_Settings):
         self.precapture_configs       # parses, or says what is wrong
 
     @property
+    def engine_fp8_min_tokens(self) -> int | None:
+        """The engine's fp8_min_tokens: the parameter under dtype=fp8, else None (no FP8)."""
+        return self.fp8_min_tokens if self.dtype == "fp8" else None
+
+    @property
     def torch_dtype_name(self) -> str | None:
         """"float32" / "bfloat16" / "float16", or None for the engine's default."""
-        return DTYPES[self.dtype] if self.dtype else None
+        return DTYPES[self.dtype] or None if self.dtype else None
 
     @property
     def precapture_configs(self) -> list[tuple[int, int]]:

@@ -66,7 +66,7 @@ class RoseModel(DecoupledModel):
                 # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
                 max_tokens=max(s.max_batch_tokens, cfg.max_positions), max_seqs=s.max_batch_seqs,
                 max_inflight=s.max_inflight, graphs=s.graphs, graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
-                memory_limit_bytes=self.memory_limit)
+                memory_limit_bytes=self.memory_limit, fp8_min_tokens=s.engine_fp8_min_tokens)
             limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
             pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} "
                                      f"(limit {limit})")
