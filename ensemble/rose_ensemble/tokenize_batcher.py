@@ -11,27 +11,28 @@ answer(job, result, error) sends the job's one response (result None with an err
 with error None).
 
 When nothing runs and nothing waits, submit() encodes the job on the calling thread at once (no
-thread hop before the Rust call). Triton hands a Python model its next request only when execute()
-returns, so a job encoded *and* answered there can never meet another one: a call of its own per
-request, whatever the load. So the answer depends on the gap since submit() last returned: more
-than `backlog_gap_us` (no backlog: a lone request) and the job is answered on the calling thread
-too, with no thread hop at all; less (Triton is handing requests over back to back: a backlog) and
-building and sending its response is left to the worker, so execute() returns at once and requests
-arriving meanwhile queue. The worker takes every waiting job (up to `max_batch_jobs`), encodes those
-not encoded yet in one run_batch call, and answers them in arrival order, each exactly once. A
-queued job whose caller is gone (job.is_cancelled()) is answered with CANCELLED and not encoded;
-stop() drains the queue, and jobs still queued when its time is up get SHUTTING_DOWN.
+thread hop before the Rust call: an idle-inline worker, rose_backend/serving/inline_worker.py).
+Triton hands a Python model its next request only when execute() returns, so a job encoded *and*
+answered there can never meet another one: a call of its own per request, whatever the load. So the
+answer depends on the gap since submit() last returned: more than `backlog_gap_us` (no backlog: a
+lone request) and the job is answered on the calling thread too, with no thread hop at all; less
+(Triton is handing requests over back to back: a backlog) and building and sending its response is
+left to the worker, so execute() returns at once and requests arriving meanwhile queue. The worker
+takes every waiting job (up to `max_batch_jobs`), encodes those not encoded yet in one run_batch
+call, and answers them in arrival order, each exactly once. A queued job whose caller is gone
+(job.is_cancelled()) is answered with CANCELLED and not encoded; stop() drains the queue, and jobs
+still queued when its time is up get SHUTTING_DOWN.
 """
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, ShuttingDown
+from rose_backend.serving.inline_worker import IdleInlineWorker
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -55,67 +56,52 @@ class Job:
     extras: tuple = ()                              # whatever answer() needs beside the result
     result: object = None                           # run_batch's result, an Exception or an outcome string
     encoded: bool = False
+    answer_inline: bool = False                     # encoded and answered on the submitting thread
     marks: list = field(default_factory=list)       # StageClock marks (serving/stage_clock.py)
 
 
-class TokenizeBatcher:
+class TokenizeBatcher(IdleInlineWorker):
     def __init__(self, run_batch: Callable[[list], list], answer: Callable[[Job, object, object], None],
                  max_batch_jobs: int = 256, backlog_gap_us: float = 250.0):
+        super().__init__("rose-tokenize")
         self.run_batch, self.answer, self.max_batch_jobs = run_batch, answer, max(1, max_batch_jobs)
         self.backlog_gap_ns = int(backlog_gap_us * 1000)
         self._last_return = 0               # when submit() last returned (perf_counter_ns)
         self.stats = BatcherStats()
         self._queue: deque[Job] = deque()
-        self._cond = threading.Condition()
         self._inline = False                # a caller is encoding its job on its own thread
         self._working = False               # the worker is encoding or answering
-        self._stopping = False
-        self._abort = False
-        self._thread = threading.Thread(target=self._loop, name="rose-tokenize", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
+    # ---- the submitting thread (rose_backend/serving/inline_worker.py) ---------------------------
+    def _admit(self, job: Job) -> bool:
         now = time.perf_counter_ns()
-        with self._cond:
-            if self._stopping:
-                raise ShuttingDown(SHUTTING_DOWN)
-            if self._inline or self._working or self._queue:
-                self._queue.append(job)
-                self._cond.notify()
-                self._last_return = time.perf_counter_ns()
-                return
-            self._inline = True
-            alone = now - self._last_return > self.backlog_gap_ns
-        try:
-            job.result = self._encode([job])[0]
-            job.encoded = True
-            if alone:                                # no backlog: answer here, no thread hop at all
-                self.stats.answered_inline += 1
-                self._deliver(job)
-        finally:
-            with self._cond:
-                self._inline = False
-                late = self._abort                   # stop()'s time ran out meanwhile: no worker left
-                if not alone and not late:
-                    self._queue.appendleft(job)      # it arrived before anything queued meanwhile
-                if self._queue:
-                    self._cond.notify()
-            if late and not alone:
-                self._deliver(job)
+        if self._inline or self._working or self._queue:
+            self._queue.append(job)
             self._last_return = time.perf_counter_ns()
+            return False
+        self._inline = True
+        job.answer_inline = now - self._last_return > self.backlog_gap_ns
+        return True
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def _run_inline(self, job: Job) -> None:
+        job.result = self._encode([job])[0]
+        job.encoded = True
+        if job.answer_inline:                    # no backlog: answer here, no thread hop at all
+            self.stats.answered_inline += 1
+            self._deliver(job)
+
+    def _end_inline(self, job: Job) -> None:
         with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            with self._cond:
-                self._abort = True
+            self._inline = False
+            late = self._abort                   # stop()'s time ran out meanwhile: no worker left
+            if not job.answer_inline and not late:
+                self._queue.appendleft(job)      # it arrived before anything queued meanwhile
+            if self._queue:
                 self._cond.notify()
-            self._thread.join(max(5.0, timeout / 4))
-            if self._thread.is_alive():
-                log.error("tokenize: the batching thread did not stop")
+        if late and not job.answer_inline:
+            self._deliver(job)
+        self._last_return = time.perf_counter_ns()
 
     @property
     def queued(self) -> int:

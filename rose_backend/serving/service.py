@@ -18,9 +18,9 @@ while the loop thread goes on; the loop thread answers itself a lone request on 
 (no hand-over on the latency path) and requests with token-level outputs (their rows may be views
 of buffers the engine reuses), and every request when response_threads is 0.
 
-Inline launch (`inline=True`): a request that arrives while the service is idle (nothing queued,
-nothing in flight, nothing being launched) and fits in one batch is launched by the submitting thread
-itself, so its forward pass starts without waiting for the loop thread to wake; the loop thread
+Inline launch (`inline=True`; the pattern: inline_worker.py): a request that arrives while the service
+is idle (nothing queued, nothing in flight, nothing being launched) and fits in one batch is launched
+by the submitting thread itself, so its forward pass starts without waiting for the loop thread to wake; the loop thread
 wakes while the device runs it, then collects and answers it as any batch. submit() returns right
 after the launch, so requests arriving meanwhile queue in the pool and batch as usual. (Running the
 whole request on the caller made every request of a concurrent load a batch of one: Triton hands a
@@ -33,24 +33,24 @@ cancellation, out of memory, other errors, shutdown): outcomes.py.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 
+from rose_backend.serving.inline_worker import IdleInlineWorker
 from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy, LaneSettings
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.oom_retry import retry_in_halves
-from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, is_out_of_memory
+from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, is_out_of_memory
 from rose_backend.serving.responders import Responders
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
 
 log = logging.getLogger(__name__)
 
 
-class EmbeddingService:
+class EmbeddingService(IdleInlineWorker):
     def __init__(self, engine, on_complete: Callable[[Request], None], *, max_batch_tokens: int = 16384,
                  max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 1 << 20,
                  inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
@@ -64,6 +64,7 @@ class EmbeddingService:
         reused buffers: valid in the call and the on_complete it leads to); response_threads,
         host_memory_trim: as the `rose` parameters (responders.py, memory.py); release(request): lets
         go of the caller's objects once the request is answered (default drop_caller_objects)."""
+        super().__init__("rose-scheduler")
         self.engine = engine
         self.on_complete = on_complete
         self.on_piece = on_piece
@@ -78,13 +79,9 @@ class EmbeddingService:
         self.max_inflight = max(1, max_inflight)
         self.max_queued_tokens = max_queued_tokens          # 0: unbounded
         self.stats = ServiceStats()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._abort = False                                  # stop(): the drain time is up
         self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
         self._host_memory = HostMemoryTrimmer(host_memory_trim)
         self._responders = Responders(response_threads, self._answer, clock=clock)
-        self._thread = threading.Thread(target=self._loop, name="rose-scheduler", daemon=True)
         self._thread.start()
 
     # ---- any thread -------------------------------------------------------------------------
@@ -92,31 +89,29 @@ class EmbeddingService:
         if request.num_seqs == 0 or (request.token_outputs and self.on_piece is None):
             raise ValueError("a request needs at least one sequence" if request.num_seqs == 0 else
                              "this service takes no token-level outputs (no on_piece handler)")
-        with self._cond:
-            if self._stopping:
-                raise ShuttingDown(SHUTTING_DOWN)
-            lane = self.scheduler.classify(request)     # bulk queued counts against bulk only
-            queued = self.scheduler.lane_tokens[INTERACTIVE] if lane == INTERACTIVE else self.scheduler.queued_tokens
-            if self.max_queued_tokens and queued + request.num_tokens > self.max_queued_tokens and queued > 0:
-                raise Overloaded(f"overloaded: {queued} tokens already queued "
-                                 f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
-            self.stats.requests += 1
-            self.lanes.seen(lane, time.monotonic())
-            inline = (self.inline and not self._busy and not self._inflight and not self.scheduler.has_work()
-                      and request.num_tokens <= self.scheduler.max_batch_tokens
-                      and request.num_seqs <= self.scheduler.max_batch_seqs)
-            if inline:
-                self._busy = True
-            else:
-                self.scheduler.add(request)
-                self._cond.notify()
+        super().submit(request)
+
+    def _admit(self, request: Request) -> bool:
+        lane = self.scheduler.classify(request)     # bulk queued counts against bulk only
+        queued = self.scheduler.lane_tokens[INTERACTIVE] if lane == INTERACTIVE else self.scheduler.queued_tokens
+        if self.max_queued_tokens and queued + request.num_tokens > self.max_queued_tokens and queued > 0:
+            raise Overloaded(f"overloaded: {queued} tokens already queued "
+                             f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
+        self.stats.requests += 1
+        self.lanes.seen(lane, time.monotonic())
+        inline = (self.inline and not self._busy and not self._inflight and not self.scheduler.has_work()
+                  and request.num_tokens <= self.scheduler.max_batch_tokens
+                  and request.num_seqs <= self.scheduler.max_batch_seqs)
         if inline:
-            try:
-                self._run_inline(request)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify()
+            self._busy = True
+        else:
+            self.scheduler.add(request)
+        return inline
+
+    def _end_inline(self, request: Request) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify()
 
     @property
     def queued_tokens(self) -> int:
@@ -126,20 +121,12 @@ class EmbeddingService:
         """Refuse new requests and finish everything admitted so far; after `timeout` seconds,
         answer whatever is still waiting with a "shutting down" error (batches already running
         are collected and delivered), then stop the loop thread."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.error("the pool did not drain within %.0f s; failing the %d tokens still queued",
-                      timeout, self.scheduler.queued_tokens)
-            with self._cond:
-                self._abort = True
-                self._cond.notify()
-            self._thread.join(max(5.0, timeout / 4))
-            if self._thread.is_alive():
-                log.error("the scheduler thread did not stop")
+        super().stop(timeout)
         self._responders.stop()
+
+    def _time_up(self, timeout: float) -> None:
+        log.error("the pool did not drain within %.0f s; failing the %d tokens still queued",
+                  timeout, self.scheduler.queued_tokens)
 
     # ---- loop thread ------------------------------------------------------------------------
     def _loop(self) -> None:
