@@ -58,7 +58,7 @@ $(VENV)/.test-installed: $(VENV)/.installed
 # exec: the launcher's parent is make itself, so killing make (even SIGKILL) stops the servers.
 # API_KEY / ADMIN_KEY reach the launcher through the environment (never this recipe's text).
 serve: install
-	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" exec $(BIN)/python -m rose_backend.launcher --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
+	ROSE_CACHE_DIR="$(ROSE_CACHE_DIR)" exec $(BIN)/python -m rose_backend.launch --grpc-port $(GRPC_PORT) --http-port $(HTTP_PORT) \
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(RERANKER),--reranker "$(RERANKER)") $(if $(KIND),--kind "$(KIND)") \

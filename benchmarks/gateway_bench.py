@@ -128,8 +128,9 @@ def own_servers(model: str | None, log_dir: Path, params: list[str]):
     """tritonserver (the project's repository, `params` such as rose.inline_execute=false applied to
     a copy of it) and the gateway in front of it."""
     import tempfile
-    from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
-    from rose_gateway.process import GatewayProcess
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
+    from rose_backend.launch.tritonserver import TritonProcess
+    from rose_backend.launch.gateway import GatewayProcess
     log_dir.mkdir(parents=True, exist_ok=True)
     changes: dict[str, dict[str, str]] = {}
     for p in params:

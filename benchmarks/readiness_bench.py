@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 for p in (ROOT, ROOT / "client", ROOT / "ensemble"):
     sys.path.insert(0, str(p))
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy  # noqa: E402
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy  # noqa: E402
+from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
 from rose_client import StreamConnection  # noqa: E402
 from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
 

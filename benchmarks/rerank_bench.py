@@ -34,7 +34,8 @@ for _p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from rose_backend.launcher import TritonProcess, free_ports  # noqa: E402
+from rose_backend.launch.deployment import free_ports  # noqa: E402
+from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
 from rose_backend.testing.reranker_folders import SHAPES, write_reranker_folder  # noqa: E402
 from rose_client.transport import StreamConnection, serialize_bytes  # noqa: E402
 

@@ -33,7 +33,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "ensemble"), str(ROOT / "benchmarks")]
-from rose_backend.launcher import TritonProcess, free_ports, repository_copy, DEFAULT_REPOSITORY  # noqa: E402
+from rose_backend.launch.deployment import free_ports, repository_copy, DEFAULT_REPOSITORY  # noqa: E402
+from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
 from rose_client.transport import StreamConnection  # noqa: E402
 from rose_bench.record import git_commit, host_info  # noqa: E402
 

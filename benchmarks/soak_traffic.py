@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_backend.launcher import TritonProcess
-from rose_backend.supervision import processes_with
+from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.launch.supervision import processes_with
 from rose_client import StreamConnection
 
 # malformed kind -> what its error must say

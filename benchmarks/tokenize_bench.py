@@ -156,7 +156,7 @@ _PLAIN_EMBED = [('model_name: "tokenize_batched"   # `tokenize`, decoupled: wait
 
 
 def plain_embed_repository(dest: Path) -> Path:
-    from rose_backend.launcher import DEFAULT_REPOSITORY, repository_copy
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY, repository_copy
     repo = repository_copy(DEFAULT_REPOSITORY, dest, {})
     cfg = repo / "embed" / "config.pbtxt"
     text = cfg.read_text()
@@ -170,7 +170,8 @@ def plain_embed_repository(dest: Path) -> Path:
 
 
 def through_server(model_dir: str | None, per_client: int, work: Path, repo: Path, served_models: tuple) -> dict:
-    from rose_backend.launcher import TritonProcess, free_ports, served_models as models_of
+    from rose_backend.launch.deployment import free_ports, served_models as models_of
+    from rose_backend.launch.tritonserver import TritonProcess
     from rose_ensemble.tokenization import TextTokenizer
     tok = TextTokenizer.from_folder(model_dir)
     texts = [words_text(tok.tokenizer, 128, 2000 + i) for i in range(32)]
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     result["in_process"] = in_process(args.model, args.repeat)
     save_json(path, result, t_start)
     if not args.skip_server:
-        from rose_backend.launcher import DEFAULT_REPOSITORY
+        from rose_backend.launch.deployment import DEFAULT_REPOSITORY
         with tempfile.TemporaryDirectory(prefix="rose-tokbench-") as tmp:
             print("the repository as it is (embed through tokenize_batched):", flush=True)
             result["server"] = through_server(args.model, args.requests, Path(tmp) / "a", DEFAULT_REPOSITORY,

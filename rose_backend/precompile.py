@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rose_backend.supervision import cache_env
+from rose_backend.launch.supervision import cache_env
 
 HALF_DTYPES = ("bfloat16", "float16")
 FLASHINFER_HEAD_DIMS = (64, 128, 256)       # FlashInferBackend.unavailable_reason (layers/attention_gpu.py)

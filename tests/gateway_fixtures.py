@@ -5,8 +5,8 @@ import contextlib
 
 from server import LOG_DIR
 
-from rose_backend.launcher import free_ports
-from rose_gateway.process import GatewayProcess
+from rose_backend.launch.deployment import free_ports
+from rose_backend.launch.gateway import GatewayProcess
 
 # the deployment prompts of conftest.py's session server (DEFAULT_TEST_PARAMS)
 PROMPTS = {"tokenize": {"prompts": '{\\"query\\": \\"query: \\", \\"passage\\": \\"passage: \\"}'}}

@@ -1,4 +1,4 @@
-"""The launcher run as `make serve` runs it (python -m rose_backend.launcher), in a child process on
+"""The launcher run as `make serve` runs it (python -m rose_backend.launch), in a child process on
 free loopback ports, its output read as it comes; tests/leftovers.py watches what it starts.
 
     with LauncherRun(env={"API_KEY": key}) as run:
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import leftovers
-from rose_backend.launcher import free_ports
+from rose_backend.launch.deployment import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ class LauncherRun:
     def __init__(self, *args: str, env: dict | None = None, gateway: bool = True, gateway_port: int | None = None):
         self.ports = free_ports()
         self.gateway_port = (gateway_port or free_port()) if gateway else 0
-        cmd = [sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(self.ports.grpc),
+        cmd = [sys.executable, "-m", "rose_backend.launch", "--grpc-port", str(self.ports.grpc),
                "--http-port", str(self.ports.http), "--metrics-port", str(self.ports.metrics),
                "--gateway-port", str(self.gateway_port), *args]
         full_env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "ADMIN_KEY", "MAKELEVEL")}

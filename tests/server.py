@@ -28,7 +28,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy, stop_all  # noqa: F401
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy  # noqa: F401
+from rose_backend.launch.serve import stop_all  # noqa: F401
+from rose_backend.launch.tritonserver import TritonProcess  # noqa: F401
 
 LOG_DIR = Path(__file__).resolve().parent / ".logs"
 # Seconds tritonserver waits at SIGTERM for in-flight work and model unloads. A test server is stopped

@@ -13,8 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, Ports
-from rose_backend.supervision import EXIT_MARGIN_S, KILL_MARGIN_S, drain_timeout_of
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, Ports
+from rose_backend.launch.supervision import EXIT_MARGIN_S, KILL_MARGIN_S, drain_timeout_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -123,7 +123,7 @@ def test_keys_come_from_a_secret_never_a_literal():
 def test_the_image_takes_its_keys_from_the_environment():
     docker = (ROOT / "docker" / "Dockerfile").read_text()
     (entry,) = [json.loads(line.split(None, 1)[1]) for line in docker.splitlines() if line.startswith("ENTRYPOINT")]
-    assert entry[:3] == ["python3", "-m", "rose_backend.launcher"] and "--address" in entry
+    assert entry[:3] == ["python3", "-m", "rose_backend.launch"] and "--address" in entry
     assert not any("key" in a.lower() for a in entry)
     readme = (ROOT / "docker" / "README.md").read_text()
     runs = [line for line in readme.splitlines() if line.strip().startswith("docker run")]
@@ -142,7 +142,7 @@ def make_serve(*args, env=None) -> subprocess.CompletedProcess:
 def test_make_serve_keeps_keys_out_of_command_lines(tmp_path):
     key = "a-key-for-make-serve-1"
     r = make_serve(env={"API_KEY": key, "ADMIN_KEY": key + "x"})
-    assert r.returncode == 0 and "rose_backend.launcher" in r.stdout, r.stderr
+    assert r.returncode == 0 and "rose_backend.launch" in r.stdout, r.stderr
     assert key not in r.stdout + r.stderr                  # the recipe never names a key: it goes by environment
     r = make_serve(f"API_KEY_FILE={tmp_path / 'key'}")
     assert f'--api-key-file "{tmp_path / "key"}"' in r.stdout

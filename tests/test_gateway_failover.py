@@ -11,7 +11,7 @@ import pytest
 from gateway_fixtures import PROMPTS, gateway_for
 from server import running_server
 
-from rose_backend.launcher import start_gateway
+from rose_backend.launch.serve import start_gateway
 
 pytestmark = pytest.mark.server
 

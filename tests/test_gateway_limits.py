@@ -17,7 +17,7 @@ from gateway_fixtures import LOG_DIR, gateway_for
 from raw_http import connect, read_response, request, roundtrip
 from server_metrics import rose_metric, wait_idle
 
-from rose_backend.launcher import free_ports
+from rose_backend.launch.deployment import free_ports
 
 pytestmark = pytest.mark.server
 HEADER_S, BODY_S, RATE = 3.0, 3.0, 1000

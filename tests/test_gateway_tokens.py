@@ -279,8 +279,8 @@ def test_workers_that_cannot_start_stop_the_gateway(tmp_path):
     import subprocess
     import sys
 
-    from rose_backend.launcher import free_ports
-    from rose_gateway.process import REPO_ROOT
+    from rose_backend.launch.deployment import free_ports
+    from rose_backend.launch.gateway import REPO_ROOT
     env = {"PYTHONPATH": ":".join(str(REPO_ROOT / p) for p in ("gateway", "client", "ensemble", "."))}
     port = free_ports().grpc
     cmd = [sys.executable, "-m", "rose_gateway", "--workers", "2", "--port", str(port),

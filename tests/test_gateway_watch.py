@@ -1,4 +1,4 @@
-"""The launcher watches its HTTP gateway (rose_backend/gateway_watch.py), with real processes: a
+"""The launcher watches its HTTP gateway (rose_backend/launch/gateway_watch.py), with real processes: a
 gateway killed with SIGKILL is started again and serves; one that keeps dying stops the whole launch
 with a message and a non-zero exit; a second launch on the same gateway port refuses to start naming
 the port; another process listening on the port later (SO_REUSEPORT) stops the launch."""
@@ -14,7 +14,7 @@ import pytest
 from launcher_run import LauncherRun
 
 import leftovers
-from rose_backend.connections import children
+from rose_backend.launch.connections import children
 
 
 def gateway_pid(run: LauncherRun) -> int:

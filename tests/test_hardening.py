@@ -536,7 +536,8 @@ def test_pickle_only_model_folder_is_refused(tmp_path, default_model_dir):
 
 
 def test_server_binds_loopback_by_default():
-    from rose_backend.launcher import TritonInstall, TritonProcess
+    from rose_backend.launch.triton_install import TritonInstall
+    from rose_backend.launch.tritonserver import TritonProcess
     cmd = TritonProcess().command(TritonInstall(binary="tritonserver", backend_dir=None))
     for flag in ("--grpc-address=127.0.0.1", "--http-address=127.0.0.1", "--metrics-address=127.0.0.1"):
         assert flag in cmd

@@ -16,13 +16,8 @@ PACKAGES = {"rose_backend": ROOT / "rose_backend", "rose_ensemble": ROOT / "ense
 # rose_backend's layers, bottom up; a module may import its own layer and those below it.
 RANKS = [("rose_backend.config", 0), ("rose_backend.loading", 0), ("rose_backend.layers", 1),
          ("rose_backend.models", 2), ("rose_backend.engine", 3), ("rose_backend.serving", 4),
-         ("rose_backend.triton", 4.5),
-         ("rose_backend.launcher", 5), ("rose_backend.triton_install", 5), ("rose_backend.precompile", 5),
-         ("rose_backend.supervision", 5), ("rose_backend.testing", 5),
-         # the launcher's own modules: process control, above the serving layer
-         *((f"rose_backend.{m}", 5) for m in ("triton_stop", "gateway_watch", "connections", "launch_keys",
-                                              "argv_scrub", "deployment", "launch_args", "launch_banner")),
-         ("rose_backend", 0)]
+         ("rose_backend.triton", 4.5), ("rose_backend.launch", 5), ("rose_backend.precompile", 5),
+         ("rose_backend.testing", 5), ("rose_backend", 0)]
 SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_bench", "torch", "transformers", "safetensors",
                "triton_python_backend_utils", "sentence_transformers")
 MAX_LINES = 350

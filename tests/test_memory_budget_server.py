@@ -15,7 +15,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.memory_budget import MIB, engine_budget
 from rose_backend.triton.model_settings import RoseSettings
-from rose_backend.triton_install import LaunchError
+from rose_backend.launch.triton_install import LaunchError
 from server import running_server
 
 

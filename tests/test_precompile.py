@@ -17,7 +17,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
 from rose_backend.precompile import Module, chosen_backends, flashinfer_modules, main, parse_arch
-from rose_backend.supervision import cache_env
+from rose_backend.launch.supervision import cache_env
 from rose_backend.testing.folders import make_folder
 from rose_backend.testing.qwen3 import write_qwen3_folder
 
@@ -159,7 +159,7 @@ def test_the_layout_is_the_servers(folders, tmp_path):
 
 
 def test_settings_come_from_the_repository(folders, tmp_path):
-    from rose_backend.launcher import DEFAULT_REPOSITORY, repository_copy
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY, repository_copy
     repo = repository_copy(DEFAULT_REPOSITORY, tmp_path / "repo", {"rose": {"dtype": "float16", "attention": "flashinfer"}})
     r = run("--model", folders["bge-m3"], "--out", tmp_path / "o", "--arch", "sm_90", "--dry-run", "--repository", repo)
     assert r.returncode == 0, r.stderr

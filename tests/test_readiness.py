@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rose_backend.serving.warmup import DEFAULT_GPU_PRECAPTURE, precapture_plan
-from rose_backend.supervision import cache_env
+from rose_backend.launch.supervision import cache_env
 from test_hardening import metric
 
 

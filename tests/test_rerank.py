@@ -64,7 +64,9 @@ def test_kind_detection(folders, tmp_path, default_model_dir, monkeypatch):
 
 
 def test_launcher_serves_models_by_kind(folders, default_model_dir, monkeypatch):
-    from rose_backend.launcher import MODELS, RERANK_MODELS, TritonInstall, TritonProcess, served_models
+    from rose_backend.launch.deployment import MODELS, RERANK_MODELS, served_models
+    from rose_backend.launch.triton_install import TritonInstall
+    from rose_backend.launch.tritonserver import TritonProcess
     monkeypatch.delenv("ROSE_MODEL_KIND", raising=False)
     assert served_models(None) == MODELS == ("tokenize", "tokenize_batched", "rose", "embed")
     assert served_models(str(folders["tiny-xlmr-ce"])) == RERANK_MODELS

@@ -28,9 +28,9 @@ from launcher_run import LauncherRun
 from server import running_server
 from tritonclient.utils import InferenceServerException
 
-from rose_backend.launch_keys import launch_keys
-from rose_backend.launcher import TritonProcess
-from rose_backend.triton_install import LaunchError
+from rose_backend.launch.keys import launch_keys
+from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.launch.triton_install import LaunchError
 from rose_client import AccessDenied, EmbeddingClient
 from rose_client.auth import grpc_admin_headers, grpc_api_key_headers, http_api_key_headers
 
@@ -161,7 +161,7 @@ def test_keys_are_checked_and_never_echoed(tmp_path):
 
 
 def run_launcher(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rose_backend.launcher", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rose_backend.launch", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 

@@ -171,7 +171,7 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path):
     from server import free_ports
     ports, gport = free_ports(), free_ports().grpc
     env = dict(os.environ)
-    proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(ports.grpc),
+    proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launch", "--grpc-port", str(ports.grpc),
                              "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),
                              "--gateway-port", str(gport)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)

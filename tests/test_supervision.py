@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 import leftovers
-from rose_backend.connections import children as children_of
-from rose_backend.launcher import TritonProcess, free_ports
+from rose_backend.launch.connections import children as children_of
+from rose_backend.launch.deployment import free_ports
+from rose_backend.launch.tritonserver import TritonProcess
 from rose_backend.triton.parent_watch import stub_arguments
-from rose_backend.supervision import exit_timeout_for
+from rose_backend.launch.supervision import exit_timeout_for
 from rose_client import StreamConnection
 from server import LOG_DIR, repository_with
 
@@ -171,7 +172,7 @@ def test_exit_timeout_follows_the_drain_time(tmp_path):
 def launcher(*args, env=None) -> subprocess.Popen:
     """The launcher in a child process; without a gateway unless args ask for one."""
     args = args if "--gateway-port" in args else (*args, "--gateway-port", "0")
-    proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launcher", *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launch", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
     leftovers.track(proc.pid)
@@ -286,10 +287,10 @@ def test_killing_make_serve_stops_its_servers():
     """`make serve` execs the launcher (its parent is make, MAKELEVEL set): make killed with
     SIGKILL sends the launcher SIGTERM, and it stops its servers cleanly. A stand-in parent here, so
     that the test never runs make's install step."""
-    assert "exec $(BIN)/python -m rose_backend.launcher" in (ROOT / "Makefile").read_text()
+    assert "exec $(BIN)/python -m rose_backend.launch" in (ROOT / "Makefile").read_text()
     ports = free_ports()
     make = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
-                             sys.executable, "-m", "rose_backend.launcher", "--grpc-port", str(ports.grpc),
+                             sys.executable, "-m", "rose_backend.launch", "--grpc-port", str(ports.grpc),
                              "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--gateway-port", "0"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "MAKELEVEL": "1"})
@@ -330,9 +331,10 @@ def test_a_server_that_aborts_as_it_starts_is_started_once_more(tmp_path, monkey
     the server exited."""
     import dataclasses
 
-    from rose_backend import launcher
-    from rose_backend.triton_install import LaunchError
-    real = launcher.find_triton()
+    from rose_backend.launch import tritonserver
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY
+    from rose_backend.launch.triton_install import LaunchError
+    real = tritonserver.find_triton()
     count = tmp_path / "aborts"
     wrapper = tmp_path / "tritonserver"
     wrapper.write_text(
@@ -343,8 +345,8 @@ def test_a_server_that_aborts_as_it_starts_is_started_once_more(tmp_path, monkey
         "kill -ABRT $$; fi\n"
         f'exec {real.binary} "$@"\n')
     wrapper.chmod(0o755)
-    monkeypatch.setattr(launcher, "find_triton", lambda: dataclasses.replace(real, binary=wrapper))
-    srv = TritonProcess(None, launcher.DEFAULT_REPOSITORY, free_ports(), log_file=tmp_path / "triton.log",
+    monkeypatch.setattr(tritonserver, "find_triton", lambda: dataclasses.replace(real, binary=wrapper))
+    srv = TritonProcess(None, DEFAULT_REPOSITORY, free_ports(), log_file=tmp_path / "triton.log",
                         models=("tokenize",))
     srv.start()
     try:
@@ -363,7 +365,7 @@ def test_a_server_that_aborts_as_it_starts_is_started_once_more(tmp_path, monkey
 def test_a_missing_model_folder_is_one_clear_line(tmp_path):
     """`make serve MODEL=/missing`: the launcher says what is wrong in one line and exits 1 (no traceback)."""
     ports = free_ports()
-    r = subprocess.run([sys.executable, "-m", "rose_backend.launcher", "--model", str(tmp_path / "missing"),
+    r = subprocess.run([sys.executable, "-m", "rose_backend.launch", "--model", str(tmp_path / "missing"),
                         "--gateway-port", "0", "--grpc-port", str(ports.grpc), "--http-port", str(ports.http),
                         "--metrics-port", str(ports.metrics)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr

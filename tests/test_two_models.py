@@ -146,9 +146,9 @@ def test_the_generated_repository_goes_with_the_launch(launch):
 
 def _refused(*args: str) -> str:
     """The launcher's one line on stderr for a pair of folders it does not serve (exit 1, no traceback)."""
-    from rose_backend.launcher import free_ports
+    from rose_backend.launch.deployment import free_ports
     ports = free_ports()
-    r = subprocess.run([sys.executable, "-m", "rose_backend.launcher", *args, "--gateway-port", "0",
+    r = subprocess.run([sys.executable, "-m", "rose_backend.launch", *args, "--gateway-port", "0",
                         "--grpc-port", str(ports.grpc), "--http-port", str(ports.http),
                         "--metrics-port", str(ports.metrics)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
@@ -172,4 +172,4 @@ def test_make_serve_passes_the_reranker():
     assert r.returncode == 0, r.stderr
     assert '--model "/models/embedder" --reranker "/models/cross encoder"' in r.stdout, r.stdout
     plain = subprocess.run(["make", "-n", "serve"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert "rose_backend.launcher" in plain.stdout and "--reranker" not in plain.stdout, plain.stdout
+    assert "rose_backend.launch" in plain.stdout and "--reranker" not in plain.stdout, plain.stdout

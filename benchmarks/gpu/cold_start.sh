@@ -24,7 +24,7 @@ R=$OUT/readiness
 L=$W/logs
 rm -rf "$PRE" "$W"                  # the precompile starts from nothing, as on a fresh machine
 mkdir -p "$R" "$L"
-# every compile cache follows ROSE_CACHE_DIR (rose_backend/supervision.py cache_env)
+# every compile cache follows ROSE_CACHE_DIR (rose_backend/launch/supervision.py cache_env)
 unset ROSE_CACHE_DIR FLASHINFER_WORKSPACE_BASE TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR CUDA_CACHE_PATH \
   FLASHINFER_CUDA_ARCH_LIST XDG_CACHE_HOME
 STASH=$(mktemp -d /tmp/cold-start-home.XXXX)

@@ -33,7 +33,7 @@ echo "== precompile rc=$rc_pre in $(python3 -c "print(round($t1 - $t0, 1))") s (
 tail -n 3 "$L"/precompile-*.log
 eval "$(python3 -c "
 import shlex
-from rose_backend.supervision import cache_env
+from rose_backend.launch.supervision import cache_env
 for k, v in cache_env({'ROSE_CACHE_DIR': '$PRE'}).items():
     print(f'export {k}={shlex.quote(v)}')
 ")"

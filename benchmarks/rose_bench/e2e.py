@@ -11,7 +11,7 @@ model repository (`rose`, `embed`) and once with the naive baseline repository
 model). Against each it runs the correctness gate (1 - cos <= 1e-3 against the reference, token
 ids and texts), the four workloads of docs/DESIGN.md with the same client, and perf_analyzer on the online
 workload. It writes bench_<model>.json (numbers, command, git commit, GPU, date, mode) and one
-PNG per workload. Needs tritonserver (see rose_backend.launcher), torch and transformers (folder
+PNG per workload. Needs tritonserver (see rose_backend.launch), torch and transformers (folder
 and reference), matplotlib (charts); perf_analyzer is used when found.
 """
 from __future__ import annotations
@@ -132,7 +132,8 @@ class Bench:
         return 0 if gate_ok and all("error" not in s for s in self.result["systems"].values()) else 1
 
     def run_system(self, system: str, pool, deadline) -> None:
-        from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
+        from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
+        from rose_backend.launch.tritonserver import TritonProcess
 
         res = self.result["systems"].setdefault(system, {})
         if system == "rose":

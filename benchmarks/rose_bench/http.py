@@ -117,7 +117,9 @@ def run_cell(cmd: list[str], env: dict, csv_file: Path, key: str | None, timeout
 def own_deployment(args, tmp: Path):
     """tritonserver and its gateway through the launcher, on a random BGE-M3-shape folder on the GPU
     or the model of --model; yields (urls, random vocabulary size or None)."""
-    from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, start_gateway
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports
+    from rose_backend.launch.serve import start_gateway
+    from rose_backend.launch.tritonserver import TritonProcess
     vocab, model = None, None if args.model == "default" else args.model
     if args.model == "bge-m3":
         from rose_backend.testing.folders import SHAPES, make_folder

@@ -144,7 +144,8 @@ def delta(before: dict, after: dict) -> dict:
 
 
 def one_variant(folder: Path | None, variant: str, vocab: int, work: Path, args) -> dict:
-    from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
+    from rose_backend.launch.tritonserver import TritonProcess
     from rose_bench.tail import parse_variant
     name, params, _, env_extra = parse_variant(variant)
     repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{name}", params) if params else DEFAULT_REPOSITORY

@@ -110,7 +110,7 @@ class MultiGpuBench:
         folders.make_folder(self.model, folder, device=device)
         self.folder = folder
         self.check_ids = [folders.random_ids(np.random.default_rng(5), self.vocab, n) for n in (64, 300, 17)]
-        from rose_backend.launcher import DEFAULT_REPOSITORY, repository_copy
+        from rose_backend.launch.deployment import DEFAULT_REPOSITORY, repository_copy
         params = {"rose": {"max_queued_tokens": "0", **dict(kv.split("=", 1) for kv in self.args.rose_param)}}
         self.repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params)      # one for every layout
         self.save()
@@ -133,7 +133,9 @@ class MultiGpuBench:
         return {"token_budget": self.args.token_budget, "max_inflight_tokens": self.args.max_inflight_tokens}
 
     def run_layout(self, name: str, visible: list[str | None], pool, res: dict) -> None:
-        from rose_backend.launcher import TritonProcess, free_ports, stop_all
+        from rose_backend.launch.deployment import free_ports
+        from rose_backend.launch.serve import stop_all
+        from rose_backend.launch.tritonserver import TritonProcess
         servers = []
         try:
             t0 = time.monotonic()

@@ -36,7 +36,7 @@ def save_json(path: Path, result: dict, t_start: float) -> None:
 
 
 def repo_root() -> Path:
-    from rose_backend.launcher import REPO_ROOT
+    from rose_backend.launch.deployment import REPO_ROOT
     return REPO_ROOT
 
 

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_backend.launcher import DEFAULT_REPOSITORY, TritonProcess, free_ports, repository_copy
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
+from rose_backend.launch.tritonserver import TritonProcess
 from rose_backend.testing.folders import make_folder
 from rose_bench.host_path import text_input, triton_metric
 from rose_bench.perf import run_perf_analyzer

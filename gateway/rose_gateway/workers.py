@@ -84,7 +84,7 @@ def serving_count(state_dir: str | None) -> int:
 
 def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) -> int:
     """Run `workers` worker processes of `python -m rose_gateway argv` on host:port until SIGTERM."""
-    from rose_backend.supervision import PortInUse, check_ports_free, die_with_parent
+    from rose_backend.launch.supervision import PortInUse, check_ports_free, die_with_parent
     try:
         check_ports_free(host, {"gateway": port})
         guard = reuseport_socket(host, port)

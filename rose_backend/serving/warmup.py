@@ -3,7 +3,7 @@
 On a GPU the first batch of a configuration compiles kernels (flashinfer JIT, Triton-language
 kernels) and the second captures its CUDA graph; a server that reported READY before that made its
 first users wait (pplx-embed answered its first request 51 s after READY on a fresh H200). The
-compiled kernels persist in the compile-cache folder (rose_backend/supervision.py: cache_env), so a
+compiled kernels persist in the compile-cache folder (rose_backend/launch/supervision.py: cache_env), so a
 restart on the same machine only captures.
 """
 from __future__ import annotations

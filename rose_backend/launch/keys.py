@@ -8,7 +8,7 @@
   model.py they send (a repository load with a file override).
 
 Both are checked with rose_client.auth.check_key (the form Triton's command line can carry) and
-never printed. Triton takes them only on its command line; rose_backend.argv_scrub hides them from
+never printed. Triton takes them only on its command line; rose_backend.launch.argv_scrub hides them from
 process listings once the server has read its options.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ipaddress
 import secrets
 from dataclasses import dataclass, field
 
-from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key, read_key_file  # noqa: F401 (check_key, read_key_file: for the launcher)
+from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key, read_key_file
 
 CONTROL_PLANE = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
 DATA_PLANE = ("inference", "metadata")

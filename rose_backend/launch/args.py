@@ -1,14 +1,14 @@
 """The launcher's command line (`make serve` passes its variables through it or the environment).
 
 No key is ever taken on the command line (a process listing shows it): the API key comes from
-$API_KEY or --api-key-file PATH, the admin key from $ADMIN_KEY (rose_backend/launch_keys.py).
+$API_KEY or --api-key-file PATH, the admin key from $ADMIN_KEY (rose_backend/launch/keys.py).
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from rose_backend.deployment import DEFAULT_REPOSITORY
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY
 
 
 class _NoKeyOnTheCommandLine(argparse.Action):

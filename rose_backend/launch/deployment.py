@@ -15,7 +15,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
+REPO_ROOT = Path(__file__).resolve().parents[2]          # the project's folder
+DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 MODELS = ("tokenize", "tokenize_batched", "rose", "embed")
 RERANK_MODELS = ("tokenize", "rose", "rerank")
 # a reranker beside an embedding model: its own steps, {name: the model it is a copy of}

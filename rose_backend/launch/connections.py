@@ -5,7 +5,7 @@
 - close_sockets(pid, port, ...): shutdown() of a process's own sockets on a port, through a copy of
   each descriptor (pidfd_getfd, Linux 5.6+, the same permission as ptrace: a parent over its child).
   TritonProcess.stop closes tritonserver's gRPC listener and, once its work is answered, the client
-  connections that keep it from exiting (rose_backend/triton_stop.py).
+  connections that keep it from exiting (rose_backend/launch/triton_stop.py).
 """
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ import subprocess
 import sys
 import time
 
-from rose_backend.connections import close_sockets
-from rose_backend.supervision import processes_with
+from rose_backend.launch.connections import close_sockets
+from rose_backend.launch.supervision import processes_with
 
 QUIET_S = 1.0              # a stub this long without CPU time has nothing left to answer
 QUIET_TICKS = 2            # CPU ticks per half second that still count as idle (its idle threads: <= 1)

@@ -1,4 +1,4 @@
-"""Where tritonserver comes from and what its Python stub needs (used by the launcher).
+"""Where tritonserver comes from and what its Python stub needs (TritonProcess, tritonserver.py).
 
 find_triton(): $TRITONSERVER_BIN, then `tritonserver` on PATH (the NGC image), then the binary bundled
 in the nvidia-pytriton wheel, with the stub for the running Python placed beside libtriton_python.so.
@@ -15,7 +15,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from rose_backend.launch.deployment import REPO_ROOT
 
 
 class LaunchError(RuntimeError):

@@ -1,4 +1,5 @@
-"""The gateway as a child process: what `make serve` (rose_backend.launcher) and the tests start.
+"""The HTTP gateway (rose_gateway) as a child process: what `make serve` (serve.py) and the tests start,
+by its command line (`python -m rose_gateway`), so the launcher imports nothing of the gateway.
 
     with GatewayProcess("127.0.0.1:8001", port=8080) as gw:     # waits until it answers
         print(gw.url)                                           # http://127.0.0.1:8080
@@ -16,16 +17,16 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from rose_backend.launch.child import ChildProcess, http_status, reachable
+from rose_backend.launch.deployment import REPO_ROOT
+
 DEFAULT_DRAIN_S = 10.0          # the gateway's own --drain-timeout default
 STOP_MARGIN_S = 3.0
 
 
-class GatewayProcess:
+class GatewayProcess(ChildProcess):
     def __init__(self, triton_urls: str | list[str], port: int = 8080, host: str = "127.0.0.1",
                  model_dir: str | None = None, api_key: str | None = None, extra_args: list[str] | None = None,
                  log_file: str | Path | None = None, admin_key: str | None = None, drain_timeout: float | None = None):
@@ -33,11 +34,11 @@ class GatewayProcess:
         self.port, self.host, self.model_dir, self.api_key = port, host, model_dir, api_key
         self.admin_key, self.drain_timeout = admin_key, drain_timeout
         self.extra_args, self.log_file = extra_args or [], log_file
-        self.proc: subprocess.Popen | None = None
+        self.proc = None
 
     @property
     def url(self) -> str:
-        return f"http://{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}"
+        return f"http://{reachable(self.host)}:{self.port}"
 
     def start(self) -> "GatewayProcess":
         env = dict(os.environ)
@@ -49,34 +50,25 @@ class GatewayProcess:
             env["API_KEY"] = self.api_key          # by environment: kept out of `ps`
         if self.admin_key:
             env["ROSE_ADMIN_KEY"] = self.admin_key
-        from rose_backend.supervision import die_with_parent
         # --owner: the prefix TritonProcess puts on its servers (rose_<pid>_), so whoever started this
         # gateway finds it in the process table (the tests' leak check)
         cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,
                "--port", str(self.port), "--owner", f"rose_{os.getpid()}_"] + \
             (["--model", str(self.model_dir)] if self.model_dir else []) + \
             (["--drain-timeout", str(self.drain_timeout)] if self.drain_timeout is not None else []) + self.extra_args
-        out = open(self.log_file, "ab") if self.log_file else None
-        # its own session (a Ctrl-C to the launcher's terminal reaches the launcher only, which stops
-        # the gateway in order), and SIGKILL when the process that started it dies (a killed launcher)
-        self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     start_new_session=True, preexec_fn=die_with_parent)
-        if out:
-            out.close()
+        self.spawn(cmd, env)        # its own process group; SIGKILL when the process that started it dies
         return self
 
-    def wait_up(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the gateway answers HTTP (its /health may still say Triton is not ready)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited with code {self.proc.returncode}"
                                    + (f"; see {self.log_file}" if self.log_file else ""))
-            try:
-                with urllib.request.urlopen(self.url + "/metrics", timeout=2):
-                    return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
+            if 200 <= http_status(self.url + "/metrics") < 300:
+                return
+            time.sleep(0.1)
         raise RuntimeError(f"the gateway did not answer on {self.url} within {timeout:.0f} s")
 
     def stop(self, timeout: float | None = None) -> int | None:
@@ -92,20 +84,5 @@ class GatewayProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)     # its own session: only its worker processes
-        except (ProcessLookupError, PermissionError):
-            pass
+        self.kill_group()                                # its own group: only its worker processes
         return self.proc.wait()
-
-    def __enter__(self):
-        self.start()
-        try:
-            self.wait_up()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from typing import Callable
 
-from rose_backend.connections import family, listening_pids
+from rose_backend.launch.child import http_status
+from rose_backend.launch.connections import family, listening_pids
 
 RESTARTS = 3
 WINDOW_S = 60.0
@@ -29,19 +28,13 @@ class GatewayFailed(RuntimeError):
 
 
 def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True                               # an HTTP answer, whatever its status
-    except OSError:
-        return False
+    return http_status(url + "/metrics") != 0         # an HTTP answer, whatever its status
 
 
 class GatewayWatch:
     def __init__(self, make: Callable[[], object], restarts: int = RESTARTS, window_s: float = WINDOW_S,
                  start_timeout: float = 60.0):
-        """make(): a started rose_gateway.process.GatewayProcess (or anything with .proc, .port, .host,
+        """make(): a started rose_backend.launch.gateway.GatewayProcess (or anything with .proc, .port, .host,
         .url, .log_file and .stop())."""
         self.make, self.restarts, self.window_s, self.start_timeout = make, restarts, window_s, start_timeout
         self.gateway = None

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from rose_backend.launch.deployment import REPO_ROOT
 
 
 def key_expression(api_key_file: str | None) -> str:

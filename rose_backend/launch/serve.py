@@ -1,0 +1,157 @@
+"""Start tritonserver with this project's model repository (what `make serve` runs).
+
+    python -m rose_backend.launch [--model DIR] [--reranker DIR] [--grpc-port 8001] [--http-port 8000]
+                                  [--metrics-port 8002] [--address 127.0.0.1] [--replicas N]
+                                  [--gateway-port 8080] [--api-key-file PATH]
+
+It finds tritonserver ($TRITONSERVER_BIN, then `tritonserver` on PATH as in the NGC image, then the
+binary bundled in the nvidia-pytriton wheel: triton_install.py), prepares the Python backend (the stub for the running
+Python beside libtriton_python.so), makes this project importable inside the stub
+(PYTHONPATH, and the interpreter's own libpython first on LD_LIBRARY_PATH), waits until every
+model is READY (tritonserver.py), starts the HTTP gateway by its command line and watches it
+(gateway.py, gateway_watch.py), prints how to call it, and stops everything
+cleanly on Ctrl-C / SIGTERM. With --replicas N it starts N servers, replica i on ports shifted by
+10*i (8001, 8011, ...); with --gpus 0,1 replica i sees only GPU i (one server per GPU). --reranker DIR
+serves a reranker folder's `rerank` beside the embedding model's `embed` (deployment.py).
+Triton's control plane always requires an admin key ($ADMIN_KEY, else a random one); $API_KEY
+(or --api-key-file) makes inference, metadata and the gateway's /v1/* require a key too
+(keys.py).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from rose_backend.launch.args import parse_args
+from rose_backend.launch.banner import banner
+from rose_backend.launch.deployment import Ports
+from rose_backend.launch.gateway import GatewayProcess
+from rose_backend.launch.gateway_watch import GatewayFailed, GatewayWatch
+from rose_backend.launch.keys import exposure_warning, launch_keys
+from rose_backend.launch.supervision import PortInUse, check_ports_free, drain_timeout_of, set_parent_death_signal
+from rose_backend.launch.triton_install import LaunchError
+from rose_backend.launch.tritonserver import TritonProcess
+
+
+def stop_all(servers: list, gateway: GatewayWatch | None = None) -> None:
+    """Stop every server and the gateway, all at once (each drains side by side with the others)."""
+    stoppers = [threading.Thread(target=s.stop) for s in [*servers, *([gateway] if gateway else [])]]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()
+
+
+def gateway_watch(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
+                  admin_key: str | None = None, drain_timeout: float | None = None) -> GatewayWatch | None:
+    """A watch over the OpenAI-compatible HTTP gateway (rose_gateway, started by its command line) in
+    front of the servers, not started yet; None when port is 0."""
+    if not port:
+        return None
+    return GatewayWatch(lambda: GatewayProcess(urls, port, address, model, api_key=api_key, admin_key=admin_key,
+                                               drain_timeout=drain_timeout).start())
+
+
+def start_gateway(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
+                  admin_key: str | None = None, drain_timeout: float | None = None) -> "GatewayProcess | None":
+    """The gateway, started and serving on its port (unwatched: for benchmarks); None when port is 0."""
+    watch = gateway_watch(port, address, model, urls, api_key, admin_key, drain_timeout)
+    if watch is None:
+        return None
+    try:
+        return watch.start()
+    except GatewayFailed as e:
+        raise LaunchError(f"{e} (GATEWAY=0 serves without it)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__.split("\n\n")[0])
+    try:
+        keys = launch_keys(os.environ, args.api_key_file)
+    except ValueError as e:
+        print(f"rose: {e}", file=sys.stderr)
+        return 2
+    if args.kind:
+        os.environ["ROSE_MODEL_KIND"] = args.kind
+    warning = exposure_warning(args.address, keys.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    replicas = len(gpus) if gpus else max(1, args.replicas)
+    base = Ports(args.grpc_port, args.http_port, args.metrics_port)
+    servers = []
+    from rose_backend.config import ModelFolderError
+    for i in range(replicas):
+        env = dict(os.environ)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+        try:
+            servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address, env=env,
+                                         verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key,
+                                         reranker=args.reranker))
+        except ModelFolderError as e:           # the folder's problem in one line, no traceback
+            print(f"rose: {e}", file=sys.stderr)
+            return 1
+
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    if args.die_with_parent:                    # e.g. `make serve` killed: stop the servers cleanly
+        parent = os.getppid()
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != parent:
+            return 1
+    t0 = time.monotonic()
+    watch = None
+    try:
+        for s in servers:
+            s.check_ports()                     # every port, the gateway's too, before anything starts
+        if args.gateway_port:
+            try:
+                check_ports_free(args.address, {"gateway": args.gateway_port})
+            except PortInUse as e:
+                raise LaunchError(f"{e} (GATEWAY=0 serves without the gateway)") from None
+            except OSError as e:
+                raise LaunchError(f"cannot bind {args.address} ({e.strerror or e})") from None
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready()
+        urls = ",".join(s.grpc_url for s in servers)
+        watch = gateway_watch(args.gateway_port, args.address, args.model, urls, keys.api_key, keys.admin_key,
+                              drain_timeout_of(args.repository))
+        if watch:
+            watch.start()
+        from rose_backend.config import resolve_model_dir
+        print(banner(str(resolve_model_dir(args.model)), urls, time.monotonic() - t0, servers[0].models or (),
+                     f"http://{servers[0].address}:{servers[0].ports.metrics}/metrics",
+                     watch.gateway.url if watch else None, bool(keys.api_key), args.api_key_file,
+                     args.reranker and str(resolve_model_dir(args.reranker))), flush=True)
+        while not stopping and all(s.proc.poll() is None for s in servers):
+            if watch:
+                watch.check()
+            time.sleep(0.2)
+        dead = [s for s in servers if s.proc.poll() is not None]
+        if dead and not stopping:
+            print(f"rose: tritonserver on port {dead[0].ports.grpc} exited with code {dead[0].proc.returncode}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    except LaunchError as e:
+        print(f"rose: {e}", file=sys.stderr)
+        return 1
+    except GatewayFailed as e:
+        print(f"rose: {e} (GATEWAY=0 serves without the gateway)", file=sys.stderr)
+        return 1
+    finally:
+        stop_all(servers, watch)
+
