@@ -1,7 +1,9 @@
 """The import picture of docs/DESIGN.md ("Layers of the code"), read from the source with ast (every
-import, module level or inside a function): the client imports nothing of the server side; in
-rose_backend each layer imports only the ones below it (serving -> engine -> models -> layers ->
-config / loading); only the serving layer and the Triton shims know Triton's Python backend; no
+import, module level or inside a function), over every package: the client imports nothing of the
+server side; every module imports only its own layer and those below it (rose_backend's serving core
+-> engine -> models -> layers -> config / loading, the Triton glue above the core, the launch room's
+process control above the served models, the gateway and the benchmarks on top); of the client the
+server side imports only its key rules; only the Triton glue knows Triton's Python backend; no
 import cycles; no module over 350 lines outside tests/."""
 from __future__ import annotations
 
@@ -11,18 +13,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"rose_backend": ROOT / "rose_backend", "rose_ensemble": ROOT / "ensemble" / "rose_ensemble",
-            "rose_client": ROOT / "client" / "rose_client", "rose_bench": ROOT / "benchmarks" / "rose_bench"}
-# rose_backend's layers, bottom up; a module may import its own layer and those below it.
-RANKS = [("rose_backend.config", 0), ("rose_backend.loading", 0), ("rose_backend.layers", 1),
-         ("rose_backend.models", 2), ("rose_backend.engine", 3), ("rose_backend.serving", 4),
-         ("rose_backend.triton", 4.5), ("rose_backend.launch", 5), ("rose_backend.precompile", 5),
-         ("rose_backend.testing", 5), ("rose_backend", 0)]
-SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_bench", "torch", "transformers", "safetensors",
+PACKAGES = {"rose_client": ROOT / "client" / "rose_client", "rose_backend": ROOT / "rose_backend",
+            "rose_ensemble": ROOT / "ensemble" / "rose_ensemble", "rose_gateway": ROOT / "gateway" / "rose_gateway",
+            "rose_bench": ROOT / "benchmarks" / "rose_bench"}
+# Every module's layer, bottom up (the first prefix that holds it); a module may import its own layer
+# and those below it.
+RANKS = [("rose_client", 0),                  # the client: gRPC streaming, balancing, the key rules
+         ("rose_backend.config", 1), ("rose_backend.loading", 1), ("rose_backend.model_kind", 1),
+         ("rose_backend.layers", 2), ("rose_backend.models", 3), ("rose_backend.engine", 4),
+         ("rose_backend.serving", 5),         # the serving core: pool, scheduler, completion (no Triton)
+         ("rose_backend.triton", 6),          # the Triton glue: the rose model, settings, stub helpers
+         ("rose_ensemble", 7),                # the tokenize stage (its Triton models stand on the glue)
+         ("rose_backend.launch", 8),          # process control: tritonserver and the gateway as children
+         ("rose_backend.precompile", 9), ("rose_backend.testing", 9),
+         ("rose_gateway", 10),                # the HTTP gateway: the client, the tokenize code, launch helpers
+         ("rose_bench", 11),
+         ("rose_backend", 1)]                 # the package's own __init__ (its version)
+SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_gateway", "rose_bench", "torch", "transformers", "safetensors",
                "triton_python_backend_utils", "sentence_transformers")
 MAX_LINES = 350
-# The one module of rose_client the server side may import: the key headers and the keys' allowed form
-# (rose_client/auth.py: no imports of its own), defined once for the client, the gateway and the launcher.
+# The one module of rose_client the server side (rose_backend, rose_ensemble) may import: the key
+# headers and the keys' allowed form (rose_client/auth.py: no imports of its own), defined once for the
+# client, the gateway and the launcher.
 SHARED_WITH_THE_CLIENT = {"rose_client.auth"}
 
 
@@ -62,13 +74,24 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def _layer(name: str) -> str:
+    return next(prefix for prefix, _ in RANKS if _within(name, prefix))
+
+
 def _rank(name: str) -> int:
-    return next(r for prefix, r in RANKS if _within(name, prefix))
+    return dict(RANKS)[_layer(name)]
+
+
+def _ours(name: str) -> bool:
+    return any(_within(name, pkg) for pkg in PACKAGES)
 
 
 def test_the_picture_covers_every_package():
     assert all(any(_within(m, pkg) for m in MODULES) for pkg in PACKAGES), sorted(MODULES)
-    assert "rose_backend.triton.rose_model" in MODULES and "rose_client.client" in MODULES
+    assert {"rose_backend.triton.rose_model", "rose_backend.launch.serve", "rose_client.client",
+            "rose_gateway.app", "rose_ensemble.triton_tokenize", "rose_bench.e2e"} <= set(MODULES)
+    unranked = sorted(m for m in MODULES if _layer(m) == "rose_backend" and m != "rose_backend")
+    assert not unranked, f"give these a layer in RANKS: {unranked}"
 
 
 def test_client_imports_nothing_of_the_server_side():
@@ -77,22 +100,20 @@ def test_client_imports_nothing_of_the_server_side():
     assert not any(bad.values()), {m: v for m, v in bad.items() if v}
 
 
-def test_rose_backend_layers_import_only_downwards():
-    upward = []
-    for m, imps in IMPORTS.items():
-        if not _within(m, "rose_backend"):
-            continue
-        for i in imps:
-            if i in SHARED_WITH_THE_CLIENT:
-                continue
-            if any(_within(i, p) for p in ("rose_ensemble", "rose_client", "rose_bench")):
-                upward.append(f"{m} -> {i} (outside rose_backend)")
-            elif _within(i, "rose_backend") and i != "rose_backend" and _rank(i) > _rank(m):
-                upward.append(f"{m} (layer {_rank(m)}) -> {i} (layer {_rank(i)})")
+def test_every_import_points_down():
+    upward = [f"{m} (layer {_rank(m)}) -> {i} (layer {_rank(i)})"
+              for m, imps in IMPORTS.items() for i in imps
+              if _ours(i) and i != "rose_backend" and _rank(i) > _rank(m)]
     assert not upward, upward
 
 
-def test_only_the_serving_layer_and_the_shims_know_triton():
+def test_the_server_side_takes_only_the_key_rules_of_the_client():
+    taken = sorted(f"{m} -> {i}" for m, imps in IMPORTS.items() if _within(m, "rose_backend") or _within(m, "rose_ensemble")
+                   for i in imps if _within(i, "rose_client") and i not in SHARED_WITH_THE_CLIENT)
+    assert not taken, taken
+
+
+def test_only_the_triton_glue_knows_triton():
     knows = sorted(m for m, imps in IMPORTS.items() if "triton_python_backend_utils" in imps)
     assert knows and all(_within(m, "rose_backend.triton") or m == "rose_ensemble.triton_tokenize"
                          for m in knows), knows
@@ -118,7 +139,7 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
-@pytest.mark.parametrize("folder", ["rose_backend", "ensemble", "client", "benchmarks", "model_repository"])
+@pytest.mark.parametrize("folder", ["rose_backend", "ensemble", "client", "gateway", "benchmarks", "model_repository"])
 def test_no_module_over_350_lines(folder):
     long = {str(f.relative_to(ROOT)): n for f in sorted((ROOT / folder).rglob("*.py"))
             if (n := len(f.read_text().splitlines())) > MAX_LINES}
