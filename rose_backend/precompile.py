@@ -99,6 +99,7 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
 
     from rose_backend.engine.backend_table import BackendTable
     from rose_backend.engine.graph_cache import seq_buckets, token_buckets
+    from rose_backend.layers import switches
     from rose_backend.layers.attention import BACKENDS, AttentionShape, backend_class
     shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, getattr(torch, dtype), cfg.causal)
     cuda = list(runnable)
@@ -106,7 +107,7 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
         cuda.append("torch_varlen")
     if importlib.util.find_spec("flash_attn") is not None:
         cuda.append("flash_attn")
-    excluded = {n.strip() for n in os.environ.get("ROSE_ATTENTION_EXCLUDE", "").split(",")}
+    excluded = switches.attention_excluded()
     available = [n for n in BACKENDS if n in cuda and n not in excluded]
     if not available:
         return set()

@@ -266,12 +266,12 @@ class TokenizeSettings(_Settings):
     def __post_init__(self):
         self._check()
         self.prompt_map               # parse, or say what is wrong
+        self.fallback_prompt_map
 
     @property
     def overlap(self) -> int | None:
         """late_chunk_overlap as LateChunker takes it (None: its default)."""
         return None if self.late_chunk_overlap < 0 else self.late_chunk_overlap
-        self.fallback_prompt_map
 
     @property
     def prompt_map(self) -> dict[str, str]:
