@@ -190,11 +190,6 @@ def install_aot(rows: list[dict]) -> None:
         r["aot"] = str(dest)
 
 
-def engine_limits(cfg, settings) -> dict:
-    """The engine's bucket limits as `rose` sets them (triton/rose_model.py)."""
-    return {"max_tokens": max(settings.max_batch_tokens, cfg.max_positions), "max_seqs": settings.max_batch_seqs}
-
-
 def warm_engine(cfg, settings, device: str = "cuda") -> dict:
     """Build the engine as `rose` builds it and run its warm-up configurations (the GPU default
     when the settings say none): every kernel they launch compiles now."""
@@ -203,7 +198,7 @@ def warm_engine(cfg, settings, device: str = "cuda") -> dict:
     from rose_backend.engine.engine import Engine
     from rose_backend.serving.warmup import precapture_plan
     dtype = getattr(torch, settings.torch_dtype_name) if settings.torch_dtype_name else None
-    limits = engine_limits(cfg, settings)
+    limits = settings.engine_limits(cfg)
     engine = Engine(cfg, device=device, dtype=dtype, attention=settings.attention or None,
                     max_inflight=settings.max_inflight, graphs=settings.graphs, **limits)
     value = "" if settings.precapture.strip().lower() == "none" else settings.precapture
@@ -275,7 +270,7 @@ def main(argv=None) -> int:
         print(f"rose precompile: failed: flashinfer does not import: {e!r}", file=sys.stderr)
         return 1
     modules = flashinfer_modules(cfg, arch, dtype, attention, args.all_backends,
-                                 cuda_norm=cuda_norm is not False, **engine_limits(cfg, settings))
+                                 cuda_norm=cuda_norm is not False, **settings.engine_limits(cfg))
     print(f"rose precompile: {cfg.model_dir} ({cfg.model_type}, {cfg.num_heads} heads / {cfg.num_kv_heads} kv "
           f"heads of {cfg.head_dim}, {dtype}) for sm_{arch[0]}{arch[1]} into {layout['ROSE_CACHE_DIR']}", flush=True)
     for var in ("FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR"):

@@ -22,8 +22,9 @@ from server import running_server
 def deployed_budget():
     """The budget of the default deployment's `rose` on the CPU, as initialize() computes it."""
     s, cfg = RoseSettings(), ModelConfig.from_folder(None)
-    return engine_budget(cfg, "cpu", torch.float32, None, max(s.max_batch_tokens, cfg.max_positions),
-                         s.max_batch_seqs, s.max_inflight, s.graph_memory_mb * MIB, None)
+    limits = s.engine_limits(cfg)
+    return engine_budget(cfg, "cpu", torch.float32, None, limits["max_tokens"], limits["max_seqs"], s.max_inflight,
+                         s.graph_memory_mb * MIB, None)
 
 
 def budget_gauges(server) -> dict[str, float]:

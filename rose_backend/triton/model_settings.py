@@ -198,6 +198,12 @@ class RoseSettings(_Settings):
             raise ValueError(f"model 'rose': parameter 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         self.precapture_configs       # parses, or says what is wrong
 
+    def engine_limits(self, cfg) -> dict:
+        """The engine's bucket limits for a model (ModelConfig) under these settings: the token buckets
+        cover every batch the scheduler forms (one sequence of the model's full length may exceed
+        max_batch_tokens), the sequence buckets max_batch_seqs."""
+        return {"max_tokens": max(self.max_batch_tokens, cfg.max_positions), "max_seqs": self.max_batch_seqs}
+
     @property
     def engine_fp8_min_tokens(self) -> int | None:
         """The engine's fp8_min_tokens: the parameter under dtype=fp8, else None (no FP8)."""

@@ -63,16 +63,14 @@ class RoseModel(DecoupledModel):
             self.memory_limit = device_limit(device, s.memory_limit_mb * MIB or None)   # None: no check
             self.engine = Engine(
                 cfg, device=device, dtype=dtype, attention=s.attention or None,
-                # buckets cover every batch the scheduler can form (one sequence may exceed the budget)
-                max_tokens=max(s.max_batch_tokens, cfg.max_positions), max_seqs=s.max_batch_seqs,
-                max_inflight=s.max_inflight, graphs=s.graphs, graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
-                memory_limit_bytes=self.memory_limit, fp8_min_tokens=s.engine_fp8_min_tokens)
+                **s.engine_limits(cfg), max_inflight=s.max_inflight, graphs=s.graphs,
+                graph_memory_cap_bytes=s.graph_memory_mb * MIB or None, memory_limit_bytes=self.memory_limit,
+                fp8_min_tokens=s.engine_fp8_min_tokens)
             limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
             pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} "
                                      f"(limit {limit})")
             warm = precapture_plan(s.precapture, self.engine.device.type == "cuda",
-                                   max_tokens=max(s.max_batch_tokens, cfg.max_positions),
-                                   max_seqs=s.max_batch_seqs, max_len=cfg.max_positions)
+                                   max_len=cfg.max_positions, **s.engine_limits(cfg))
             t0 = time.perf_counter()
             self.engine.precapture(warm)            # before READY: kernels compiled, graphs captured
             log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
