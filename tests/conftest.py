@@ -29,7 +29,7 @@ def default_model_dir():
 # split across batches and the split path is exercised, and "query: " / "passage: " prompts (which
 # change the vectors, unlike the shipped empty fallback prompts of all-MiniLM).
 DEFAULT_TEST_PARAMS = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "8"},
-                       "tokenize": {"prompts": '{\\"query\\": \\"query: \\", \\"passage\\": \\"passage: \\"}'}}
+                       "tokenize": {"prompts": '{"query": "query: ", "passage": "passage: "}'}}
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +63,7 @@ def replicas():
     would: the client's multi-server tests. test_client.py kills the second one; later users take
     the live ones ([s for s in replicas if s.proc.poll() is None])."""
     from server import running_servers
-    params = {"tokenize": {"prompts": '{\\"query\\": \\"query: \\"}'}}
+    params = {"tokenize": {"prompts": '{"query": "query: "}'}}
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with running_servers(3, params=params, name="replica", env=env) as servers:
         yield servers

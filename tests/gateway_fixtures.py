@@ -9,7 +9,7 @@ from rose_backend.launch.deployment import free_ports
 from rose_backend.launch.gateway import GatewayProcess
 
 # the deployment prompts of conftest.py's session server (DEFAULT_TEST_PARAMS)
-PROMPTS = {"tokenize": {"prompts": '{\\"query\\": \\"query: \\", \\"passage\\": \\"passage: \\"}'}}
+PROMPTS = {"tokenize": {"prompts": '{"query": "query: ", "passage": "passage: "}'}}
 
 
 @contextlib.contextmanager

@@ -76,3 +76,32 @@ def test_parses_types_and_keeps_defaults_for_empty_values():
 def test_bad_values_are_refused_naming_the_parameter(cls, values, message):
     with pytest.raises(ValueError, match=message):
         cls.from_values(values)
+
+
+def test_config_pbtxt_is_edited_as_triton_reads_it(tmp_path):
+    """edit_model_config (every repository copy's writer): parameters replaced or added and read back
+    by the settings, a value with quotes and backslashes exactly as given, the model renamed and an
+    ensemble's steps pointed at other models."""
+    import shutil
+
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY
+    from rose_backend.triton.model_settings import edit_model_config, model_config_file, read_model_config
+    rose = tmp_path / "rose.pbtxt"
+    shutil.copy(DEFAULT_REPOSITORY / "rose" / "config.pbtxt", rose)
+    edit_model_config(rose, name="rose_copy", parameters={"max_batch_tokens": "512", "dtype": "fp8"})
+    cfg = model_config_file(rose)
+    assert cfg["name"] == "rose_copy"
+    s = RoseSettings.from_model_config(cfg)
+    assert (s.max_batch_tokens, s.dtype) == (512, "fp8")
+    tokenize = tmp_path / "tokenize.pbtxt"
+    shutil.copy(DEFAULT_REPOSITORY / "tokenize" / "config.pbtxt", tokenize)
+    prompts = '{"query": "say \\"hi\\": ", "doc": "C:\\\\x"}'
+    edit_model_config(tokenize, parameters={"prompts": prompts})
+    assert TokenizeSettings.from_model_config(model_config_file(tokenize)).prompt_map == {
+        "query": 'say "hi": ', "doc": "C:\\x"}
+    embed = tmp_path / "embed.pbtxt"
+    shutil.copy(DEFAULT_REPOSITORY / "embed" / "config.pbtxt", embed)
+    before = [s.model_name for s in read_model_config(embed).ensemble_scheduling.step]
+    edit_model_config(embed, step_models={"rose": "rerank_rose"})
+    after = [s.model_name for s in read_model_config(embed).ensemble_scheduling.step]
+    assert after == ["rerank_rose" if m == "rose" else m for m in before] and "rose" in before

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+from rose_backend.triton.model_settings import edit_model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]          # the project's folder
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
@@ -62,13 +63,9 @@ def reranker_repository(src: Path, dest: Path, model_dir: str | None, reranker: 
     own = {"model_dir": str(resolve_model_dir(reranker)), "model_kind": folder_kind(reranker, "auto")}
     for name, base in RERANKER_STEPS.items():
         shutil.copytree(dest / base, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        cfg = dest / name / "config.pbtxt"
-        cfg.write_text(re.sub(r'^name: "[^"]*"', f'name: "{name}"', cfg.read_text(), count=1, flags=re.M))
-        set_parameters(cfg, own)
-    cfg = dest / "rerank" / "config.pbtxt"
-    steps = {base: name for name, base in RERANKER_STEPS.items()}
-    cfg.write_text(re.sub(r'model_name: "(tokenize|rose)"', lambda m: f'model_name: "{steps[m.group(1)]}"',
-                          cfg.read_text()))
+        edit_model_config(dest / name / "config.pbtxt", name=name, parameters=own)
+    edit_model_config(dest / "rerank" / "config.pbtxt",
+                      step_models={base: name for name, base in RERANKER_STEPS.items()})
     return dest
 
 
@@ -107,11 +104,4 @@ def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]]) ->
 
 def set_parameters(cfg: Path, values: dict[str, str]) -> None:
     """Replace (or add) string parameters of one config.pbtxt."""
-    text = cfg.read_text()
-    for key, value in values.items():
-        entry = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-        pattern = re.compile(r'parameters \{ key: "' + re.escape(key) + r'" value: \{ string_value: "[^"]*" \} \}')
-        text, n = pattern.subn(lambda _m: entry, text)
-        if n == 0:
-            text += "\n" + entry + "\n"
-    cfg.write_text(text)
+    edit_model_config(cfg, parameters=values)

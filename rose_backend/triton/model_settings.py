@@ -301,12 +301,34 @@ def parse_prompts(value: str, name: str = "prompts") -> dict[str, str]:
     return prompts
 
 
+def read_model_config(path):
+    """A config.pbtxt as Triton reads it: protobuf text format into tritonclient's ModelConfig message."""
+    from google.protobuf import text_format      # tritonclient's dependency
+    from tritonclient.grpc import model_config_pb2
+    from pathlib import Path
+    return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+
+
 def model_config_file(path) -> dict:
     """Another model's config.pbtxt as the dict Triton hands initialize() (args["model_config"]):
     for a model that takes its parameters from a sibling's (the batching `tokenize_batched` reads
     `tokenize`'s, so a deployment sets prompts and limits in one place)."""
-    from google.protobuf import json_format, text_format      # tritonclient's dependency
-    from tritonclient.grpc import model_config_pb2
+    from google.protobuf import json_format
+    return json_format.MessageToDict(read_model_config(path), preserving_proto_field_name=True)
+
+
+def edit_model_config(path, *, name: str | None = None, parameters: dict | None = None,
+                      step_models: dict[str, str] | None = None) -> None:
+    """Rewrite a config.pbtxt (the one writer of them): the model's `name`, string `parameters`
+    replaced or added, and an ensemble's steps renamed ({old model name: new}). Written back in
+    protobuf text format (comments are not kept: for repository copies, not the shipped files)."""
+    from google.protobuf import text_format
     from pathlib import Path
-    message = text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+    message = read_model_config(path)
+    if name is not None:
+        message.name = name
+    for key, value in (parameters or {}).items():
+        message.parameters[key].string_value = str(value)
+    for step in message.ensemble_scheduling.step:
+        step.model_name = (step_models or {}).get(step.model_name, step.model_name)
+    Path(path).write_text(text_format.MessageToString(message))
