@@ -318,10 +318,11 @@ def model_config_file(path) -> dict:
 
 
 def edit_model_config(path, *, name: str | None = None, parameters: dict | None = None,
-                      step_models: dict[str, str] | None = None) -> None:
+                      step_models: dict[str, str] | None = None, change=None) -> None:
     """Rewrite a config.pbtxt (the one writer of them): the model's `name`, string `parameters`
-    replaced or added, and an ensemble's steps renamed ({old model name: new}). Written back in
-    protobuf text format (comments are not kept: for repository copies, not the shipped files)."""
+    replaced or added, an ensemble's steps renamed ({old model name: new}), then `change(message)`
+    for anything else (e.g. an instance count). Written back in protobuf text format (comments are
+    not kept: for repository copies, not the shipped files)."""
     from google.protobuf import text_format
     from pathlib import Path
     message = read_model_config(path)
@@ -331,4 +332,6 @@ def edit_model_config(path, *, name: str | None = None, parameters: dict | None 
         message.parameters[key].string_value = str(value)
     for step in message.ensemble_scheduling.step:
         step.model_name = (step_models or {}).get(step.model_name, step.model_name)
+    if change is not None:
+        change(message)
     Path(path).write_text(text_format.MessageToString(message))
