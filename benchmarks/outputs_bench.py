@@ -33,7 +33,7 @@ from rose_backend.serving.outputs import (OutputOptions, build_outputs, colbert_
 from rose_backend.serving.scheduler import Request  # noqa: E402
 from rose_backend.serving.service import EmbeddingService  # noqa: E402
 from rose_backend.serving.stage_clock import StageClock  # noqa: E402
-from rose_backend.testing.m3_folders import make_m3_folder  # noqa: E402
+from rose_testing.m3_folders import make_m3_folder  # noqa: E402
 
 MODES = {"dense": OutputOptions(frozenset({"EMBEDDINGS"}), frozenset()),
          "all": OutputOptions(frozenset({"EMBEDDINGS", "SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT",

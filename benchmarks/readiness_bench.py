@@ -54,7 +54,7 @@ def model_folder(args, work: Path) -> Path | None:
     if args.model:
         return Path(args.model).expanduser().resolve()
     if args.shape:
-        from rose_backend.testing.folders import make_folder
+        from rose_testing.folders import make_folder
         return make_folder(args.shape, work / args.shape, device="cuda" if args.device == "cuda" else "cpu")
     return None                                                   # the default model
 

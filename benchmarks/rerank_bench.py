@@ -5,7 +5,7 @@
     python benchmarks/rerank_bench.py --shape tiny-xlmr-ce --iters 5        # CPU smoke run
 
 Each system is a real tritonserver started on a random-weight folder of the shape
-(rose_backend/testing/reranker_folders.py; --folder serves a real one instead): rose serves the
+(rose_testing/reranker_folders.py; --folder serves a real one instead): rose serves the
 project's repository (`rerank` = tokenize -> rose), the baseline serves
 benchmarks/rerank_baseline_repository (`naive_rerank`: sentence-transformers' CrossEncoder.predict,
 or the Qwen3-Reranker model card's code, per request, batch 32, bf16 on GPU). One request carries
@@ -36,7 +36,7 @@ for _p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks"):
 
 from rose_backend.launch.deployment import free_ports  # noqa: E402
 from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
-from rose_backend.testing.reranker_folders import SHAPES, write_reranker_folder  # noqa: E402
+from rose_testing.reranker_folders import SHAPES, write_reranker_folder  # noqa: E402
 from rose_client.transport import StreamConnection, serialize_bytes  # noqa: E402
 
 from rose_bench.record import git_commit, host_info  # noqa: E402

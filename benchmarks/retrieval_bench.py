@@ -1,8 +1,8 @@
 """BGE-M3's three outputs vs dense only, through Triton: what sparse + ColBERT cost per request.
 
 Starts one tritonserver on a BGE-M3-style folder (a real one with --model; else --shape bge-m3: the
-benchmarks' random BGE-M3 folder, rose_backend.testing.folders, plus random heads; --shape tiny: a
-small XLM-R from rose_backend.testing.m3_folders, for a CPU smoke run) and sends pre-tokenized requests
+benchmarks' random BGE-M3 folder, rose_testing.folders, plus random heads; --shape tiny: a
+small XLM-R from rose_testing.m3_folders, for a CPU smoke run) and sends pre-tokenized requests
 (random ids) straight to `rose` over a gRPC stream, one at a time, alternating between
     dense   outputs [EMBEDDINGS]
     all     outputs [EMBEDDINGS, SPARSE_*, COLBERT, COLBERT_LENS], parameter outputs=sparse,colbert
@@ -130,11 +130,11 @@ def print_stages(stages: dict) -> None:
 
 
 def random_folder(shape: str, path: Path, colbert_dim: int | None = None) -> Path:
-    from rose_backend.testing.m3_folders import center_sparse_bias, make_m3_folder, write_heads
+    from rose_testing.m3_folders import center_sparse_bias, make_m3_folder, write_heads
     if shape == "tiny":
         return make_m3_folder(path, hidden=64, layers=2, heads=4, max_positions=512, max_seq_length=512,
                               colbert_dim=colbert_dim)
-    from rose_backend.testing.folders import make_folder
+    from rose_testing.folders import make_folder
     device = "cuda" if torch.cuda.is_available() else "cpu"
     make_folder("bge-m3", path, device=device)
     write_heads(path, 1024, 1024)

@@ -39,7 +39,7 @@ for p in (ROOT, ROOT / "client", ROOT / "ensemble"):
 from rose_backend.config import ModelConfig  # noqa: E402
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy  # noqa: E402
 from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
-from rose_backend.testing.compare import cos_dist  # noqa: E402
+from rose_testing.compare import cos_dist  # noqa: E402
 from rose_client import ConnectionLost, ServerError, StreamConnection  # noqa: E402
 from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
 from soak_traffic import (BAD_KINDS, Pool, gpu_mib, ids_inputs, malformed, metric, rss_mib,  # noqa: E402
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     folder = Path(args.model).resolve() if args.model else None
     if args.shape:
-        from rose_backend.testing.folders import make_folder
+        from rose_testing.folders import make_folder
         folder = make_folder(args.shape, work / args.shape, device="cuda" if cuda else "cpu")
     cfg = ModelConfig.from_folder(folder)
     max_len = min(args.max_len, cfg.max_positions)

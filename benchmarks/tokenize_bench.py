@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="benchmarks/results/tokenize", help="folder for tokenize_bench.json")
     ap.add_argument("--model", default=None, help="Hugging Face folder (default: the default model)")
     ap.add_argument("--shape", default=None, help="a random-weight folder of this shape instead (bge-m3, "
-                    "pplx-embed, tiny-bert, ...: rose_backend/testing/folders.py; the bench's WordLevel tokenizer)")
+                    "pplx-embed, tiny-bert, ...: rose_testing/folders.py; the bench's WordLevel tokenizer)")
     ap.add_argument("--repeat", type=int, default=2000, help="in-process runs per text")
     ap.add_argument("--requests", type=int, default=400, help="requests per client at concurrency 1 (16: a quarter)")
     ap.add_argument("--skip-server", action="store_true", help="in-process stages only")
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     path = out_dir / "tokenize_bench.json"
     if args.shape and not args.model:
         import torch
-        from rose_backend.testing.folders import make_folder
+        from rose_testing.folders import make_folder
         args.model = str(make_folder(args.shape, Path(tempfile.gettempdir()) / "rose-tokbench-folders" / args.shape,
                                      device="cuda" if torch.cuda.is_available() else "cpu"))
         result["shape"] = args.shape

@@ -15,7 +15,7 @@ import pytest
 from gateway_fixtures import LOG_DIR, gateway_for
 from server import TEST_EXIT_TIMEOUT_S, WORKER, TritonProcess, free_ports
 
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 from rose_client import AccessDenied, AsyncEmbeddingClient, EmbeddingClient
 
 KEY, ADMIN = "testkey123", "adminkey456"

@@ -25,9 +25,9 @@ def _naive_module():
 @pytest.mark.parametrize("shape", ["tiny-bert", "tiny-qwen3"])
 def test_naive_baseline_matches_the_float32_reference(tmp_path, shape):
     """Padded batches (bidirectional mask for the decoder), ids and texts, against the reference."""
-    from rose_backend.testing import folders
-    from rose_backend.testing.compare import cos_dist
-    from rose_backend.testing.reference import Reference
+    from rose_testing import folders
+    from rose_testing.compare import cos_dist
+    from rose_testing.reference import Reference
     folder = folders.make_folder(shape, tmp_path / shape)
     ref = Reference(folder)
     naive = _naive_module().NaiveEmbedder(folder)

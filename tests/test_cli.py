@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 from rose_client.cli import main
 
 pytestmark = pytest.mark.server

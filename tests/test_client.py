@@ -19,7 +19,7 @@ import pytest
 import rose_client.client as client_mod
 import rose_client.replica as replica_mod
 from rose_client import AllReplicasDown, AsyncEmbeddingClient, ConnectionLost, EmbeddingClient, ServerError
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 from rose_client.chunking import chunk_ranges, estimate_text_tokens
 
 D = 8

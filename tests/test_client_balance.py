@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient, StreamConnection
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 from server import LOG_DIR
 
 pytestmark = pytest.mark.server

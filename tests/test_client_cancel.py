@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from server_metrics import rose_metric, wait_idle
 
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 from rose_client import AsyncEmbeddingClient, EmbeddingClient
 
 pytestmark = [pytest.mark.server, pytest.mark.exclusive]     # counts the server's work: nobody else on it

@@ -10,9 +10,9 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.memory_budget import engine_budget
 from rose_backend.layers.fp8 import FP8, Fp8Linear, fp8_copy_bytes, quantize_linears, quantize_rows, unavailable_reason
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.folders import make_folder
-from rose_backend.testing.reference import Reference
+from rose_testing.compare import cos_dist
+from rose_testing.folders import make_folder
+from rose_testing.reference import Reference
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="this torch has no _scaled_mm")
 

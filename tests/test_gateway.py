@@ -10,7 +10,7 @@ import openai
 import pytest
 from gateway_fixtures import gateway_for
 
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 
 pytestmark = pytest.mark.server
 KEY = "test-key-123"

@@ -15,7 +15,7 @@ import openai
 import pytest
 from gateway_fixtures import gateway_for
 
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 from rose_client import EmbeddingClient, StreamConnection
 from rose_client.late_chunks import embed_counted, embed_late_chunks
 
@@ -241,8 +241,8 @@ def test_without_the_admin_key_texts_go_through_embed(server, conn):
 # --------------------------------------------------------------------------- random-weight folders
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from rose_backend.testing.folders import make_folder
-    from rose_backend.testing.qwen3 import write_qwen3_folder
+    from rose_testing.folders import make_folder
+    from rose_testing.qwen3 import write_qwen3_folder
     root = tmp_path_factory.mktemp("gateway-folders")
     return {"tiny-bert": make_folder("tiny-bert", root / "bert"),
             "qwen3-embedding": write_qwen3_folder(root / "qwen3", style="qwen3-embedding")}
@@ -250,8 +250,8 @@ def folders(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["tiny-bert", "qwen3-embedding"])
 def test_random_weight_folders(shared_server, folders, name):
-    from rose_backend.testing.folders import ids_to_text
-    from rose_backend.testing.qwen3 import WORDS
+    from rose_testing.folders import ids_to_text
+    from rose_testing.qwen3 import WORDS
     folder = folders[name]
     srv = shared_server(None, model_dir=str(folder), name=f"gw-{name}")
     rng = np.random.default_rng(0)

@@ -122,7 +122,7 @@ def test_forced_out_of_memory_past_the_cap_loses_nothing():
     from rose_backend.engine.engine import Engine
     from rose_backend.serving.scheduler import Request
     from rose_backend.serving.service import EmbeddingService
-    from rose_backend.testing.waiting import wait_until
+    from rose_testing.waiting import wait_until
 
     cfg = ModelConfig.from_folder(None)
     # one configuration captured at start fills the cap: every other one runs eagerly from there on

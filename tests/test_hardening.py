@@ -20,9 +20,9 @@ from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ShuttingDown, is_out_of_memory
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.testing.waiting import wait_until
+from rose_testing.waiting import wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 
 HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[CLS] hello [SEP]"
 

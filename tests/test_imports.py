@@ -3,11 +3,13 @@ import, module level or inside a function), over every package: the client impor
 server side; every module imports only its own layer and those below it (rose_backend's serving core
 -> engine -> models -> layers -> config / loading, the Triton glue above the core, the launch room's
 process control above the served models, the gateway and the benchmarks on top); of the client the
-server side imports only its key rules; only the Triton glue knows Triton's Python backend; no
+server side imports only its key rules; only the Triton glue knows Triton's Python backend; the
+shipped packages import none of the fixtures (rose_testing), which the distribution leaves out; no
 import cycles; no module over 350 lines outside tests/."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"rose_client": ROOT / "client" / "rose_client", "rose_backend": ROOT / "rose_backend",
             "rose_ensemble": ROOT / "ensemble" / "rose_ensemble", "rose_gateway": ROOT / "gateway" / "rose_gateway",
-            "rose_bench": ROOT / "benchmarks" / "rose_bench"}
+            "rose_bench": ROOT / "benchmarks" / "rose_bench", "rose_testing": ROOT / "rose_testing"}
 # Every module's layer, bottom up (the first prefix that holds it); a module may import its own layer
 # and those below it.
 RANKS = [("rose_client", 0),                  # the client: gRPC streaming, balancing, the key rules
@@ -25,12 +27,15 @@ RANKS = [("rose_client", 0),                  # the client: gRPC streaming, bala
          ("rose_backend.triton", 6),          # the Triton glue: the rose model, settings, stub helpers
          ("rose_ensemble", 7),                # the tokenize stage (its Triton models stand on the glue)
          ("rose_backend.launch", 8),          # process control: tritonserver and the gateway as children
-         ("rose_backend.precompile", 9), ("rose_backend.testing", 9),
+         ("rose_backend.precompile", 9),
+         ("rose_testing", 9),                 # the tests' and benchmarks' fixtures (not shipped)
          ("rose_gateway", 10),                # the HTTP gateway: the client, the tokenize code, launch helpers
          ("rose_bench", 11),
          ("rose_backend", 1)]                 # the package's own __init__ (its version)
-SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_gateway", "rose_bench", "torch", "transformers", "safetensors",
-               "triton_python_backend_utils", "sentence_transformers")
+SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_gateway", "rose_bench", "rose_testing", "torch", "transformers",
+               "safetensors", "triton_python_backend_utils", "sentence_transformers")
+# What the product distribution ships (pyproject.toml): none of it imports the fixtures (rose_testing).
+SHIPPED = ("rose_client", "rose_backend", "rose_ensemble", "rose_gateway")
 MAX_LINES = 350
 # The one module of rose_client the server side (rose_backend, rose_ensemble) may import: the key
 # headers and the keys' allowed form (rose_client/auth.py: no imports of its own), defined once for the
@@ -113,6 +118,14 @@ def test_the_server_side_takes_only_the_key_rules_of_the_client():
     assert not taken, taken
 
 
+def test_the_shipped_packages_import_no_fixtures():
+    taken = sorted(f"{m} -> {i}" for m, imps in IMPORTS.items() if any(_within(m, p) for p in SHIPPED)
+                   for i in imps if _within(i, "rose_testing"))
+    assert not taken, taken
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert not [p for p in shipped if _within(p, "rose_testing")], shipped
+
+
 def test_only_the_triton_glue_knows_triton():
     knows = sorted(m for m, imps in IMPORTS.items() if "triton_python_backend_utils" in imps)
     assert knows and all(_within(m, "rose_backend.triton") or m == "rose_ensemble.triton_tokenize"
@@ -139,7 +152,8 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
-@pytest.mark.parametrize("folder", ["rose_backend", "ensemble", "client", "gateway", "benchmarks", "model_repository"])
+@pytest.mark.parametrize("folder", ["rose_backend", "ensemble", "client", "gateway", "benchmarks", "model_repository",
+                                    "rose_testing"])
 def test_no_module_over_350_lines(folder):
     long = {str(f.relative_to(ROOT)): n for f in sorted((ROOT / folder).rglob("*.py"))
             if (n := len(f.read_text().splitlines())) > MAX_LINES}

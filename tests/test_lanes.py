@@ -13,7 +13,7 @@ from rose_backend.serving.lanes import LanePolicy, parse_lane
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.triton.model_settings import RoseSettings
-from rose_backend.testing.waiting import wait_until
+from rose_testing.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

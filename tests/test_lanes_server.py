@@ -96,7 +96,7 @@ def test_embed_forwards_the_lane_and_the_metrics_count_it(server):
 
 def test_rerank_forwards_the_lane(tmp_path):
     from server import running_server
-    from rose_backend.testing.reranker_folders import words, write_reranker_folder
+    from rose_testing.reranker_folders import words, write_reranker_folder
     folder = write_reranker_folder("tiny-xlmr-ce", tmp_path / "model")
     rng = np.random.default_rng(3)
     query, docs = words(rng, 5), [words(rng, k) for k in (3, 40, 12, 7)]

@@ -1,6 +1,6 @@
 """Late chunking without a server: the tokenize side's plan (late_chunks.py) and rose's side (the
 engine's hidden states, pooled per span as batches are collected: serving/spans.py), against
-transformers (rose_backend/testing/late_reference.py) on the default model and on random-weight
+transformers (rose_testing/late_reference.py) on the default model and on random-weight
 folders of both families, short documents and long ones that run in windows."""
 import functools
 import threading
@@ -14,8 +14,8 @@ from rose_backend.serving.outputs import OutputOptions, build_outputs, collect_p
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.validation import RequestLimits
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.late_reference import late_chunk_reference
+from rose_testing.compare import cos_dist
+from rose_testing.late_reference import late_chunk_reference
 from rose_ensemble.late_chunks import LateChunker, owning_window, windows
 from rose_ensemble.tokenization import InputError, TextTokenizer
 
@@ -123,7 +123,7 @@ def words_document(rng, n_words, n_chunks, vocab=(4, 1000)):
 
 
 def qwen3_document(rng, n_words, n_chunks):
-    from rose_backend.testing.qwen3 import WORDS
+    from rose_testing.qwen3 import WORDS
     words = [WORDS[i] for i in rng.integers(0, len(WORDS), size=n_words)]
     per = np.array_split(np.arange(n_words), n_chunks)
     return [" ".join(words[i] for i in part) + " " for part in per]
@@ -131,8 +131,8 @@ def qwen3_document(rng, n_words, n_chunks):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    from rose_backend.testing.folders import make_folder
-    from rose_backend.testing.qwen3 import write_qwen3_folder
+    from rose_testing.folders import make_folder
+    from rose_testing.qwen3 import write_qwen3_folder
     root = tmp_path_factory.mktemp("late-folders")
     return {"tiny-bert (mean)": make_folder("tiny-bert", root / "bert"),
             "tiny-xlm-roberta (cls)": make_folder("tiny-xlm-roberta", root / "xlmr"),
@@ -182,8 +182,8 @@ def test_hidden_states_have_graphs_of_their_own(folders):
     """The static-buffer path (a stand-in graph on the CPU): a batch asking for hidden states is
     captured under its own key and replayed with the right rows; dense-only batches keep theirs."""
     from rose_backend.engine.batch import PackedBatch
-    from rose_backend.testing.folders import random_ids
-    from rose_backend.testing.reference import Reference
+    from rose_testing.folders import random_ids
+    from rose_testing.reference import Reference
     folder = folders["tiny-bert (mean)"]
     engine = Engine(ModelConfig.from_folder(folder), graphs=True)
     ref = Reference(folder)

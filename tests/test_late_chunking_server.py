@@ -1,5 +1,5 @@
 """Late chunking through a real tritonserver: `embed` with TEXT holding every document's chunks end to
-end and DOC_CHUNKS their counts, against transformers (rose_backend/testing/late_reference.py) on
+end and DOC_CHUNKS their counts, against transformers (rose_testing/late_reference.py) on
 the default model; long documents run in windows; bad requests get errors naming what is wrong,
 and requests on one stream are answered in order, each with its own vectors."""
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from rose_client import ServerError, StreamConnection
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.late_reference import late_chunk_reference
+from rose_testing.compare import cos_dist
+from rose_testing.late_reference import late_chunk_reference
 
 SENTENCES = ["Paris is the capital of France. ", "It lies on the Seine, ", "and its museums are famous. ",
              "Berlin is the capital of Germany; ", "its wall fell in 1989. "]
@@ -18,7 +18,7 @@ DOCUMENTS = [SENTENCES[:3], LONG, ["A one-chunk document."]]
 
 @pytest.fixture(scope="module")
 def reference(default_model_dir):
-    from rose_backend.testing.reference import Reference
+    from rose_testing.reference import Reference
     return Reference(default_model_dir)
 
 

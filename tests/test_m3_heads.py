@@ -9,7 +9,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.serving.outputs import colbert_outputs, sparse_outputs
-from rose_backend.testing.m3_folders import make_m3_folder, write_heads
+from rose_testing.m3_folders import make_m3_folder, write_heads
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """BGE-M3's dense + sparse + ColBERT outputs end to end (one real tritonserver for the module),
 against FlagEmbedding's own BGEM3FlagModel (M3Embedder) on a small random-weight XLM-R folder with
-random heads (rose_backend/testing/m3_folders.py).
+random heads (rose_testing/m3_folders.py).
 
 FlagEmbedding is imported without its package __init__: FlagEmbedding 1.4.2's __init__ imports
 every reranker, and one of them (modeling_minicpm_reranker) imports
@@ -52,7 +52,7 @@ def flag_m3(folder):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from rose_backend.testing.m3_folders import make_m3_folder
+    from rose_testing.m3_folders import make_m3_folder
     return make_m3_folder(tmp_path_factory.mktemp("m3") / "model", max_seq_length=MAX_LEN)
 
 

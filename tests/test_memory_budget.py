@@ -15,10 +15,10 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.memory_budget import (MIB, MemoryBudget, MemoryBudgetExceeded, activation_bytes,
                                                check_fits, device_limit, engine_budget, weight_bytes)
-from rose_backend.testing.folders import make_folder
-from rose_backend.testing.m3_folders import make_m3_folder
-from rose_backend.testing.qwen3 import write_qwen3_folder
-from rose_backend.testing.reranker_folders import write_reranker_folder
+from rose_testing.folders import make_folder
+from rose_testing.m3_folders import make_m3_folder
+from rose_testing.qwen3 import write_qwen3_folder
+from rose_testing.reranker_folders import write_reranker_folder
 
 FOLDERS = {
     "default": lambda p: None,

@@ -7,9 +7,9 @@ from safetensors.torch import save_file
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.folders import make_folder, random_ids
-from rose_backend.testing.reference import Reference
+from rose_testing.compare import cos_dist
+from rose_testing.folders import make_folder, random_ids
+from rose_testing.reference import Reference
 
 SHAPE = {"bert": "tiny-bert", "xlm-roberta": "tiny-xlm-roberta"}
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rose_client import ServerError, StreamConnection
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 
 pytestmark = pytest.mark.server
 

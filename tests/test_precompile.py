@@ -18,8 +18,8 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
 from rose_backend.precompile import Module, chosen_backends, flashinfer_modules, main, parse_arch
 from rose_backend.launch.supervision import cache_env
-from rose_backend.testing.folders import make_folder
-from rose_backend.testing.qwen3 import write_qwen3_folder
+from rose_testing.folders import make_folder
+from rose_testing.qwen3 import write_qwen3_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = {"max_tokens": 16384, "max_seqs": 64}

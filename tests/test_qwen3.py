@@ -17,9 +17,9 @@ from rose_backend.engine.engine import Engine
 from rose_backend.layers.attention import AttentionMetadata
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.models import build_model
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
-from rose_backend.testing.reference import Reference
+from rose_testing.compare import cos_dist
+from rose_testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
+from rose_testing.reference import Reference
 
 TOL = 1e-4
 LENGTHS = (7, 1, 33, 12, 2)                 # ragged, with a length-1 sequence among them

@@ -4,9 +4,9 @@ and token ids through `rose`, against transformers' Qwen3Model on the same weigh
 import numpy as np
 import pytest
 
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
-from rose_backend.testing.reference import Reference
+from rose_testing.compare import cos_dist
+from rose_testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
+from rose_testing.reference import Reference
 
 pytestmark = pytest.mark.server
 

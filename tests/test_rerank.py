@@ -1,7 +1,7 @@
 """Rerankers without a server: which folders are rerankers, pair tokenization, heads in the engine.
 
 Scores are compared with sentence-transformers' CrossEncoder.predict and the Qwen3-Reranker model
-card's code on random-weight folders (rose_backend.testing.reranker_folders), within 1e-4.
+card's code on random-weight folders (rose_testing.reranker_folders), within 1e-4.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rose_backend.config import ModelConfig, ModelFolderError
-from rose_backend.testing.reranker_folders import reference_scores, words, write_reranker_folder
+from rose_testing.reranker_folders import reference_scores, words, write_reranker_folder
 
 
 @pytest.fixture(scope="module")

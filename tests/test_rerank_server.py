@@ -1,7 +1,7 @@
 """Rerankers served end to end by a real tritonserver (CPU): `rerank`, `tokenize` pairs, `rose` scores.
 
 One server per reranker kind (a module-scoped parametrized fixture: BERT cross-encoder, XLM-R
-cross-encoder, Qwen3-Reranker), each on a random-weight folder from rose_backend.testing, compared
+cross-encoder, Qwen3-Reranker), each on a random-weight folder from rose_testing, compared
 with sentence-transformers' CrossEncoder.predict / the Qwen3-Reranker model card's code within 1e-4.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from rose_backend.testing.reranker_folders import reference_scores, words
+from rose_testing.reranker_folders import reference_scores, words
 
 pytestmark = pytest.mark.server
 
@@ -21,7 +21,7 @@ KINDS = ("tiny-bert-ce", "tiny-xlmr-ce", "tiny-qwen3-reranker")
 @pytest.fixture(scope="module", params=KINDS)
 def served(request, tmp_path_factory):
     from server import running_server
-    from rose_backend.testing.reranker_folders import write_reranker_folder
+    from rose_testing.reranker_folders import write_reranker_folder
     name = request.param
     folder = write_reranker_folder(name, tmp_path_factory.mktemp(name) / "model")
     # small batches, so one request's pairs are spread over several forward passes

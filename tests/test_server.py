@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rose_client import EmbeddingClient, ServerError, StreamConnection
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.testing.waiting import wait_until
+from rose_testing.waiting import wait_until
 from rose_backend.serving.stage_clock import StageClock
 
 

@@ -13,7 +13,7 @@ from rose_backend.serving.outputs import (OutputOptions, build_outputs, collect_
                                           sparse_outputs)
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.testing.waiting import wait_until
+from rose_testing.waiting import wait_until
 
 ALL = OutputOptions(frozenset({"EMBEDDINGS", "SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT", "COLBERT_LENS"}),
                     frozenset({"sparse", "colbert"}))
@@ -85,7 +85,7 @@ def test_slot_host_buffers_are_reused_and_grown():
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from rose_backend.testing.m3_folders import make_m3_folder
+    from rose_testing.m3_folders import make_m3_folder
     folder = make_m3_folder(tmp_path_factory.mktemp("m3") / "model", colbert_dim=24, max_positions=64,
                             max_seq_length=64)
     return Engine(ModelConfig.from_folder(folder))

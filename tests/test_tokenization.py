@@ -67,7 +67,7 @@ def test_fallback_prompts_fill_in_only_the_names_a_model_lacks(default_model_dir
     """The shipped deployment's fallback_prompts: "query" / "passage" exist on every model; the
     symmetric default model embeds the text as it is, a model with its own prompts keeps them."""
     from rose_backend.triton.model_settings import TokenizeSettings
-    from rose_backend.testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
+    from rose_testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
     fallback = TokenizeSettings().fallback_prompt_map
     assert fallback == {"query": "", "passage": ""}
     tok = TextTokenizer.from_folder(default_model_dir, fallback_prompts=fallback)

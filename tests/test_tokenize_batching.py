@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, ShuttingDown
-from rose_backend.testing.compare import cos_dist
+from rose_testing.compare import cos_dist
 from rose_client import ServerError, StreamConnection
 from rose_ensemble.tokenization import InputError, TextTokenizer
 from rose_ensemble.tokenize_batcher import Job, TokenizeBatcher

@@ -14,8 +14,8 @@ from rose_ensemble.tokenization import TextTokenizer
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, default_model_dir):
-    from rose_backend.testing.m3_folders import make_m3_folder
-    from rose_backend.testing.qwen3 import write_qwen3_folder
+    from rose_testing.m3_folders import make_m3_folder
+    from rose_testing.qwen3 import write_qwen3_folder
     root = tmp_path_factory.mktemp("truncation-folders")
     return {"minilm (wordpiece)": default_model_dir,
             "xlm-r (unigram)": make_m3_folder(root / "m3", max_seq_length=32, max_positions=64),
@@ -30,7 +30,7 @@ def transformers_count(folder, text: str) -> int:
 
 @pytest.mark.parametrize("family", ["minilm (wordpiece)", "xlm-r (unigram)", "qwen3-embedding (eos appended)"])
 def test_counts_before_truncation_match_transformers(folders, family):
-    from rose_backend.testing.qwen3 import WORDS
+    from rose_testing.qwen3 import WORDS
     folder = folders[family]
     tok = TextTokenizer.from_folder(folder, prompts={"query": "the query : "})
     m = tok.max_seq_length

@@ -79,7 +79,7 @@ def test_rose_counts_its_sequences_as_given(conn):
 
 
 def test_a_reranker_refuses_token_inputs_and_late_chunking(shared_server, tmp_path_factory):
-    from rose_backend.testing.reranker_folders import write_reranker_folder
+    from rose_testing.reranker_folders import write_reranker_folder
     folder = write_reranker_folder("tiny-bert-ce", tmp_path_factory.mktemp("ce") / "model")
     srv = shared_server(None, model_dir=str(folder), name="ce-counts")
     c = StreamConnection(srv.grpc_url)

@@ -30,7 +30,7 @@ DOCS = ["paris is the capital of france", "a red rose in the garden", "", "the r
 
 @pytest.fixture(scope="module")
 def reranker_folder(tmp_path_factory):
-    from rose_backend.testing.reranker_folders import write_reranker_folder
+    from rose_testing.reranker_folders import write_reranker_folder
     return write_reranker_folder("tiny-bert-ce", tmp_path_factory.mktemp("two-models") / "cross-encoder")
 
 
@@ -85,7 +85,7 @@ def test_the_banner_names_both_models(launch, reranker_folder, default_model_dir
 
 
 def test_embed_and_rerank_on_one_server_match_the_peer_libraries(launch, reranker_folder, sentence_model):
-    from rose_backend.testing.reranker_folders import reference_scores
+    from rose_testing.reranker_folders import reference_scores
     from rose_client import EmbeddingClient
     with EmbeddingClient(launch.grpc_url) as client:
         emb = client.embed(TEXTS)
@@ -119,7 +119,7 @@ def test_each_engine_counts_its_own_work(launch):
 
 def test_the_gateway_serves_both(launch, reranker_folder, sentence_model):
     import httpx
-    from rose_backend.testing.reranker_folders import reference_scores
+    from rose_testing.reranker_folders import reference_scores
     gw = launch.gateway_url
     assert httpx.get(gw + "/health", timeout=30).json()["status"] == "ready"
     models = httpx.get(gw + "/v1/models", timeout=30).json()

@@ -34,7 +34,7 @@ trap restore EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 t_all=$(date +%s)
 for SHAPE in $SHAPES; do
-  timeout 120 python3 -c "from rose_backend.testing.folders import make_folder; make_folder('$SHAPE', '$W/$SHAPE', device='cuda')" \
+  timeout 120 python3 -c "from rose_testing.folders import make_folder; make_folder('$SHAPE', '$W/$SHAPE', device='cuda')" \
     > "$L/$SHAPE-folder.log" 2>&1 || { echo "$SHAPE: the model folder was not made"; tail -5 "$L/$SHAPE-folder.log"; continue; }
   t0=$(date +%s.%N)
   timeout 300 python3 -m rose_backend.precompile --model "$W/$SHAPE" --out $PRE > "$L/$SHAPE-precompile.log" 2>&1

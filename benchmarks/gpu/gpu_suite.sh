@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader | t
 t0=$(date +%s.%N)
 pids=()
 for SHAPE in bge-m3 pplx-embed; do
-  ( timeout 120 python3 -c "from rose_backend.testing.folders import make_folder; make_folder('$SHAPE', '$W/serve-$SHAPE', device='cuda')" &&
+  ( timeout 120 python3 -c "from rose_testing.folders import make_folder; make_folder('$SHAPE', '$W/serve-$SHAPE', device='cuda')" &&
     timeout 400 python3 -m rose_backend.precompile --model "$W/serve-$SHAPE" --out "$PRE" --all-backends --jobs 8 ) \
     > "$L/precompile-$SHAPE.log" 2>&1 &
   pids+=($!)

@@ -20,5 +20,5 @@
 `python -m rose_bench SUBCOMMAND --help` describes each. Each writes into its --out; the
 results kept in the repository are benchmarks/results/<bench>/<model>-<gpu>.json (benchmarks/results/README.md).
 Install with the project's `bench` extra (pip install -e ".[bench]"); random-weight model folders
-come from rose_backend.testing.
+come from rose_testing.
 """

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_backend.testing import folders
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.reference import Reference
+from rose_testing import folders
+from rose_testing.compare import cos_dist
+from rose_testing.reference import Reference
 from rose_bench import published, workloads
 from rose_bench.modes import (GATE_MAX_COS_DIST, MODES, NAIVE_TEXT_SKIPPED, SYSTEM_MODELS, TEXT_MODEL,
                               TOKEN_MODEL)

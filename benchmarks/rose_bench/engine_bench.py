@@ -26,7 +26,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.graph_cache import token_buckets
 from rose_backend.layers import fused
-from rose_backend.testing.folders import make_folder
+from rose_testing.folders import make_folder
 
 REF: list = []                 # an unpadded eager engine, for a correctness check per configuration
 CONFIGS = [(1, 128), (1, 512), (1, 4096), (5, 512), (25, 512), (100, 512)]

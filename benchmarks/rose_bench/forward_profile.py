@@ -24,7 +24,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
-from rose_backend.testing.folders import make_folder as _make_folder
+from rose_testing.folders import make_folder as _make_folder
 from rose_bench.engine_bench import events_ms
 from rose_bench.record import run_record
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy, served_models
 from rose_backend.launch.tritonserver import TritonProcess
-from rose_backend.testing.folders import ids_to_text, make_folder, random_ids
+from rose_testing.folders import ids_to_text, make_folder, random_ids
 from rose_bench.perf import run_perf_analyzer, write_input_data
 from rose_bench.record import cuda_available, repo_root, run_record
 

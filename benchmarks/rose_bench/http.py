@@ -48,7 +48,7 @@ ENGLISH = ("the embedding server answers every query with a vector while the gat
 def texts_of(words: int, random_vocab: int | None, n: int = 16) -> list[str]:
     rng = np.random.default_rng(words)
     if random_vocab:
-        from rose_backend.testing.folders import FIRST_WORD_ID
+        from rose_testing.folders import FIRST_WORD_ID
         return [" ".join(f"w{i}" for i in rng.integers(FIRST_WORD_ID, random_vocab, size=words)) for _ in range(n)]
     return [f"{k} " + " ".join(rng.choice(ENGLISH, size=words - 1)) for k in range(n)]
 
@@ -122,7 +122,7 @@ def own_deployment(args, tmp: Path):
     from rose_backend.launch.tritonserver import TritonProcess
     vocab, model = None, None if args.model == "default" else args.model
     if args.model == "bge-m3":
-        from rose_backend.testing.folders import SHAPES, make_folder
+        from rose_testing.folders import SHAPES, make_folder
         if not cuda_available():
             raise SystemExit("--model bge-m3 (the default) needs a GPU: pass --model default on the CPU")
         log("writing a random-weight BGE-M3-shape folder")

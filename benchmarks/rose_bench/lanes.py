@@ -41,7 +41,7 @@ PHASES = ("queries alone", "bulk alone", "both")
 
 def _query_client(url: str, length: int, vocab: int, rate: float, start: float, stop: float, out) -> None:
     """Open loop: request i is sent at start + i / rate; latency from its send to its answer."""
-    from rose_backend.testing.folders import random_ids
+    from rose_testing.folders import random_ids
     from rose_client.transport import StreamConnection
     rng = np.random.default_rng(1)
     reqs = [[("INPUT_IDS", random_ids(rng, vocab, length)), ("SEQ_LENS", np.array([length], np.int32))]
@@ -71,7 +71,7 @@ def _query_client(url: str, length: int, vocab: int, rate: float, start: float, 
 def _bulk_client(url: str, seqs: int, length: int, vocab: int, lane: str, seed: int, start: float, stop: float,
                  out) -> None:
     """Closed loop without pause: the next request as soon as the last one is answered."""
-    from rose_backend.testing.folders import random_ids
+    from rose_testing.folders import random_ids
     from rose_client.transport import StreamConnection
     rng = np.random.default_rng(seed)
     reqs = [[("INPUT_IDS", np.concatenate([random_ids(rng, vocab, length) for _ in range(seqs)])),
@@ -207,7 +207,7 @@ def modelled(args, out: Path) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/rose-lanes")
-    ap.add_argument("--model", default="bge-m3", help="a rose_backend.testing shape, or 'default' (the default model)")
+    ap.add_argument("--model", default="bge-m3", help="a rose_testing shape, or 'default' (the default model)")
     ap.add_argument("--variants", default="lanes:;one-lane:rose.bulk_threshold_tokens=1048576")
     ap.add_argument("--bulk-clients", type=int, default=4)
     ap.add_argument("--bulk-seqs", type=int, default=100)
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
         from rose_backend.config import ModelConfig
         folder, vocab = None, ModelConfig.from_folder(None).vocab_size
     else:
-        from rose_backend.testing.folders import make_folder
+        from rose_testing.folders import make_folder
         folder = make_folder(args.model, Path("/tmp/rose-folders") / args.model, device="cuda" if cuda else "cpu")
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     result = {**run_record(args.git_commit, "cuda" if cuda else "cpu"),

@@ -3,7 +3,7 @@
     python -m rose_bench multi-gpu --model bge-m3 --gpus 0,1 --out benchmarks/results
 
 Layouts, each started in turn with this project's model repository on one random-weight model
-folder (the shapes of rose_backend.testing.folders):
+folder (the shapes of rose_testing.folders):
 - one-gpu: one tritonserver that sees only the first GPU (the reference);
 - one-server: one tritonserver that sees every GPU: `rose` has one instance per GPU
   (instance_group without a kind) and Triton spreads requests over them;
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_backend.testing import folders
-from rose_backend.testing.compare import cos_dist
+from rose_testing import folders
+from rose_testing.compare import cos_dist
 from rose_bench import workloads
 from rose_bench.modes import MODES, SYSTEM_MODELS
 from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, save_json

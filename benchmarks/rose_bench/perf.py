@@ -25,7 +25,7 @@ import numpy as np
 
 
 def write_input_data(path: str | Path, vocab: int, length: int, variants: int = 16, seed: int = 0) -> Path:
-    from rose_backend.testing.folders import random_ids
+    from rose_testing.folders import random_ids
     rng = np.random.default_rng(seed + length)
     data = [{"INPUT_IDS": {"content": random_ids(rng, vocab, length).tolist(), "shape": [length]},
              "SEQ_LENS": {"content": [length], "shape": [1]}} for _ in range(variants)]

@@ -25,7 +25,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.layers import fused
-from rose_backend.testing.folders import make_folder
+from rose_testing.folders import make_folder
 from rose_bench.engine_bench import per_config
 from rose_bench.record import git_commit
 

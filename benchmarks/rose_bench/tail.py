@@ -44,7 +44,7 @@ import numpy as np
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
 from rose_backend.launch.tritonserver import TritonProcess
-from rose_backend.testing.folders import make_folder
+from rose_testing.folders import make_folder
 from rose_bench.host_path import text_input, triton_metric
 from rose_bench.perf import run_perf_analyzer
 from rose_bench.record import cuda_available, run_record

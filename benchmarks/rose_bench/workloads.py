@@ -43,7 +43,7 @@ class Spec:
 
 
 def _requests(spec: Spec):
-    from rose_backend.testing.folders import ids_to_text, random_ids
+    from rose_testing.folders import ids_to_text, random_ids
     rng = np.random.default_rng(spec.seed)
     out = []
     for _ in range(max(1, spec.variants)):

@@ -15,9 +15,9 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, available_backends,
                                            make_backend)
-from rose_backend.testing.folders import make_folder
-from rose_backend.testing.reference import Reference
-from rose_backend.testing.compare import cos_dist
+from rose_testing.folders import make_folder
+from rose_testing.reference import Reference
+from rose_testing.compare import cos_dist
 
 N_BATCHES = int(os.environ.get("ROSE_GPU_BATCHES", "1000"))
 N_HF = int(os.environ.get("ROSE_GPU_HF_BATCHES", "40"))

@@ -14,8 +14,8 @@ from rose_backend.serving.outputs import OutputOptions, build_outputs, collect_p
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.validation import RequestLimits
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.late_reference import late_chunk_reference
+from rose_testing.compare import cos_dist
+from rose_testing.late_reference import late_chunk_reference
 from rose_ensemble.late_chunks import LateChunker
 from rose_ensemble.tokenization import TextTokenizer
 
@@ -24,8 +24,8 @@ ASK = OutputOptions(frozenset({"EMBEDDINGS"}), frozenset())
 
 @pytest.fixture(scope="module")
 def folders(gpu_tmp):
-    from rose_backend.testing.folders import make_folder
-    from rose_backend.testing.qwen3 import write_qwen3_folder
+    from rose_testing.folders import make_folder
+    from rose_testing.qwen3 import write_qwen3_folder
     return {"bert": make_folder("tiny-bert", gpu_tmp / "late-bert"),
             "xlmr-cls": make_folder("tiny-xlm-roberta", gpu_tmp / "late-xlmr"),
             "pplx": write_qwen3_folder(gpu_tmp / "late-pplx", style="pplx-embed")}
@@ -33,7 +33,7 @@ def folders(gpu_tmp):
 
 def documents_for(name, rng):
     if name == "pplx":
-        from rose_backend.testing.qwen3 import WORDS
+        from rose_testing.qwen3 import WORDS
         words = [WORDS[i] for i in rng.integers(0, len(WORDS), size=200)]
     else:
         words = [f"w{i}" for i in rng.integers(4, 1000, size=200)]

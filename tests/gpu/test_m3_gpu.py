@@ -11,10 +11,10 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.folders import make_folder
-from rose_backend.testing.m3_folders import center_sparse_bias, write_heads
-from rose_backend.testing.reference import Reference
+from rose_testing.compare import cos_dist
+from rose_testing.folders import make_folder
+from rose_testing.m3_folders import center_sparse_bias, write_heads
+from rose_testing.reference import Reference
 
 
 def cos_gap(a, b) -> float:

@@ -13,8 +13,8 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.testing.folders import make_folder
-from rose_backend.testing.compare import cos_dist
+from rose_testing.folders import make_folder
+from rose_testing.compare import cos_dist
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from rose_backend.launch.supervision import cache_env
-from rose_backend.testing.folders import make_folder
+from rose_testing.folders import make_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

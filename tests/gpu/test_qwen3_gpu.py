@@ -1,7 +1,7 @@
 """GPU suite for the Qwen3 decoder: the 0.6B shape (pplx-embed / Qwen3-Embedding) with random
 weights through the real Engine in bf16 (eager, CUDA-graph capture, replay; every attention
 backend; torch and flashinfer kernels), against transformers' Qwen3Model in float32 on the same
-weights (rose_backend.testing.reference), in both attention modes. Skipped without CUDA.
+weights (rose_testing.reference), in both attention modes. Skipped without CUDA.
 
     source .gpu/enter.sh && python3 -m pytest tests/gpu/test_qwen3_gpu.py -q
 """
@@ -15,9 +15,9 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.layers import fused
 from rose_backend.layers.attention import AttentionShape, available_backends
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.folders import make_folder, random_ids
-from rose_backend.testing.reference import Reference
+from rose_testing.compare import cos_dist
+from rose_testing.folders import make_folder, random_ids
+from rose_testing.reference import Reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -72,7 +72,7 @@ def test_0p6b_bf16_eager_and_graph_match_float32(folder, kernels, monkeypatch):
 def test_engine_graph_path_serves_qwen3(tmp_path, style):
     """Through the engine (bucketed static buffers, padding, lazy capture, LazyTensor): a small
     Qwen3 folder with the 0.6B head layout (GQA 2:1, head_dim 128) matches the CPU engine."""
-    from rose_backend.testing.qwen3 import write_qwen3_folder
+    from rose_testing.qwen3 import write_qwen3_folder
 
     folder = write_qwen3_folder(tmp_path / style, style=style, num_layers=2, num_heads=4, num_kv_heads=2,
                                 head_dim=128, hidden_size=256, intermediate_size=512)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rose_backend.config import ModelConfig
-from rose_backend.testing.reranker_folders import PeerReranker, write_reranker_folder
+from rose_testing.reranker_folders import PeerReranker, write_reranker_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

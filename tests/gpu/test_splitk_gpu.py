@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.layers import projection
-from rose_backend.testing.compare import cos_dist
-from rose_backend.testing.folders import make_folder
+from rose_testing.compare import cos_dist
+from rose_testing.folders import make_folder
 
 TOL = 1e-3
 
@@ -56,7 +56,7 @@ def test_partials_norms_match_torch():
 
 
 def _folders(tmp):
-    from rose_backend.testing.qwen3 import write_qwen3_folder
+    from rose_testing.qwen3 import write_qwen3_folder
     bert = make_folder("tiny-xlm-roberta", tmp / "xlmr", hidden_size=256, intermediate_size=1024, num_attention_heads=4)
     qwen = write_qwen3_folder(tmp / "qwen3", style="pplx-embed", num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=128, hidden_size=256, intermediate_size=512)

@@ -1,6 +1,6 @@
 """The naive reranker baseline: CrossEncoder.predict (or the Qwen3-Reranker card's code) per request.
 
-The model is rose_backend.testing.reranker_folders.PeerReranker, the same code the tests take as
+The model is rose_testing.reranker_folders.PeerReranker, the same code the tests take as
 the reference, loaded once on the instance's device.
 """
 import json
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import torch.utils.dlpack  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from rose_backend.testing.reranker_folders import PeerReranker  # noqa: E402
+from rose_testing.reranker_folders import PeerReranker  # noqa: E402
 
 
 def _strings(tensor) -> list[str]:

@@ -70,7 +70,7 @@ def _load(folder: Path, cfg):
     from safetensors.torch import load_file
     from transformers import Qwen3Model
 
-    from rose_backend.testing.folders import hf_qwen3_config
+    from rose_testing.folders import hf_qwen3_config
 
     raw = json.loads((folder / "config.json").read_text())
     model = Qwen3Model(hf_qwen3_config(raw))

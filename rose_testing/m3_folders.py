@@ -124,7 +124,7 @@ def center_sparse_bias(path: Path, device: str = "cpu", tokens: int = 256, seed:
     import numpy as np
     import torch
 
-    from rose_backend.testing.reference import Reference
+    from rose_testing.reference import Reference
 
     ref = Reference(path, device)
     rng = np.random.default_rng(seed)

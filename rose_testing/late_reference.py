@@ -23,7 +23,7 @@ def late_chunk_reference(folder: str | Path, documents: list[list[str]], prompt:
                          window: int = 512, overlap: int = 0, reference=None) -> list[np.ndarray]:
     from transformers import PreTrainedTokenizerFast
 
-    from rose_backend.testing.reference import Reference
+    from rose_testing.reference import Reference
 
     ref = reference or Reference(folder)
     tok = PreTrainedTokenizerFast(tokenizer_file=str(Path(folder) / "tokenizer.json"))

@@ -55,7 +55,7 @@ def write_qwen3_folder(path: Path, *, style: str = "qwen3-embedding", seed: int 
     from safetensors.torch import save_file
     from transformers import Qwen3Model
 
-    from rose_backend.testing.folders import hf_qwen3_config, write_st_files
+    from rose_testing.folders import hf_qwen3_config, write_st_files
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -1,1 +1,0 @@
-"""Fixtures shared by the tests and the benchmarks: random-weight model folders, comparisons."""
