@@ -7,7 +7,7 @@
 Each system is a real tritonserver started on a random-weight folder of the shape
 (rose_testing/reranker_folders.py; --folder serves a real one instead): rose serves the
 project's repository (`rerank` = tokenize -> rose), the baseline serves
-benchmarks/rerank_baseline_repository (`naive_rerank`: sentence-transformers' CrossEncoder.predict,
+benchmarks/repositories/rerank_baseline (`naive_rerank`: sentence-transformers' CrossEncoder.predict,
 or the Qwen3-Reranker model card's code, per request, batch 32, bf16 on GPU). One request carries
 the query and all N documents (gRPC stream, text in, scores out); after `--warmup` requests per N
 (rose captures its CUDA graphs on the second sight of a configuration), `--iters` requests are timed
@@ -41,7 +41,7 @@ from rose_client.transport import StreamConnection, serialize_bytes  # noqa: E40
 
 from rose_bench.record import git_commit, host_info  # noqa: E402
 
-BASELINE_REPOSITORY = ROOT / "benchmarks" / "rerank_baseline_repository"
+BASELINE_REPOSITORY = ROOT / "benchmarks" / "repositories" / "rerank_baseline"
 SYSTEMS = {"rose": (None, "rerank"), "naive": (BASELINE_REPOSITORY, "naive_rerank")}
 
 

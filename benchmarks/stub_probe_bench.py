@@ -2,7 +2,7 @@
 benchmarks/RESULTS-host-path.md): the
 pb_utils calls `rose` makes, asking whether a request was cancelled, our validation and one tokenizer
 call (each run twice in a row: cold, as a request pays it, then warm), building and sending the answer.
-A tritonserver with benchmarks/stub_probe_repository, one tritonclient gRPC stream sending requests
+A tritonserver with benchmarks/repositories/stub_probe, one tritonclient gRPC stream sending requests
 back to back (optionally with a pause between them), medians from the stub itself.
 
     python benchmarks/stub_probe_bench.py [--requests 1000] [--gap-ms 0] [--ask-cancelled] [--out DIR] [--git-commit C]
@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rose_bench.record import git_commit, host_info  # noqa: E402
 
-REPOSITORY = Path(__file__).resolve().parent / "stub_probe_repository"
+REPOSITORY = Path(__file__).resolve().parent / "repositories" / "stub_probe"
 
 
 def run(requests: int, gap_ms: float, work: Path, ask_cancelled: bool = False) -> dict:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _naive_module():
     spec = importlib.util.spec_from_file_location(
-        "naive_model", ROOT / "benchmarks" / "baseline_repository" / "naive" / "1" / "model.py")
+        "naive_model", ROOT / "benchmarks" / "repositories" / "baseline" / "naive" / "1" / "model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -7,7 +7,7 @@ For one model shape it writes a random-weight Hugging Face folder (config.json, 
 a WordLevel tokenizer.json; weights made on the GPU), computes the float32 Hugging Face reference
 of a set of gate sequences, then starts tritonserver twice in turn, once with this project's
 model repository (`rose`, `embed`) and once with the naive baseline repository
-(benchmarks/baseline_repository: `naive`, Hugging Face transformers on a padded batch in a Python
+(benchmarks/repositories/baseline: `naive`, Hugging Face transformers on a padded batch in a Python
 model). Against each it runs the correctness gate (1 - cos <= 1e-3 against the reference, token
 ids and texts), the four workloads of docs/DESIGN.md with the same client, and perf_analyzer on the online
 workload. It writes bench_<model>.json (numbers, command, git commit, GPU, date, mode) and one
@@ -143,9 +143,9 @@ class Bench:
             res["params"] = params["rose"]
         elif system == "naive":
             src = Path(self.args.baseline_repository) if self.args.baseline_repository else \
-                repo_root() / "benchmarks" / "baseline_repository"
+                repo_root() / "benchmarks" / "repositories" / "baseline"
             repo = repository_copy(src, self.work / "repo-naive", {})
-            res["repository"] = "benchmarks/baseline_repository (naive: HF AutoModel, bf16, sdpa, padded batch)"
+            res["repository"] = "benchmarks/repositories/baseline (naive: HF AutoModel, bf16, sdpa, padded batch)"
         else:
             raise ValueError(f"unknown system {system!r} (rose, naive)")
         log_file = self.work / f"triton-{system}.log"

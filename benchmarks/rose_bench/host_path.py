@@ -4,7 +4,7 @@ rose_backend/serving/stage_clock.py), for each model shape and each `inline_exec
 stages are given for the whole server and, per perf_analyzer run, from the `rose` requests whose
 marks fall inside that run's time window (`stages_by_run`: what grows with the input, at each of
 `--lengths`).
-In the same server: `floor` (benchmarks/floor_repository: the same request, one GPU round trip and
+In the same server: `floor` (benchmarks/repositories/floor: the same request, one GPU round trip and
 no engine), i.e. what Triton's Python backend costs around any GPU model on this host. Then, in a
 server of its own, `embed` with 512-word texts from 16 concurrent clients (p50, p99, throughput).
 
@@ -35,7 +35,7 @@ from rose_testing.folders import ids_to_text, make_folder, random_ids
 from rose_bench.perf import run_perf_analyzer, write_input_data
 from rose_bench.record import cuda_available, repo_root, run_record
 
-FLOOR_REPOSITORY = repo_root() / "benchmarks" / "floor_repository"
+FLOOR_REPOSITORY = repo_root() / "benchmarks" / "repositories" / "floor"
 
 
 def text_input(path: Path, vocab: int, words: int, variants: int = 16) -> Path:

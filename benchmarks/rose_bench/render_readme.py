@@ -127,7 +127,7 @@ def section(results_dir: Path = RESULTS, link_prefix: str = "benchmarks/results/
            "(concurrency: texts through the `embed` ensemble, tokenization included), the client on the same "
            "machine. `naive` is the deployment a Triton user writes first: a Python-backend model calling "
            "Hugging Face transformers (bf16, sdpa) on a padded batch "
-           "([benchmarks/baseline_repository](benchmarks/baseline_repository)), served by the same "
+           "([benchmarks/repositories/baseline](benchmarks/repositories/baseline)), served by the same "
            "tritonserver and driven by the same client. vLLM and Tulip rows are the published numbers "
            "(same GPU model, other software; concurrency values read off a chart, approximate). Latencies in "
            "ms as p50 (p99); throughput in embeddings/s. Before timing, each server passes a gate "
