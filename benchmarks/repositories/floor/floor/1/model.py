@@ -1,16 +1,13 @@
 """floor: read the ids, one GPU round trip (ids up, one kernel, D floats down), answer. Without CUDA
 the round trip is left out. Measures what Triton's Python backend costs around any GPU model."""
 import os
-import site
 import sys
 
-# numpy only after the paths below: imported before them, it comes from the interpreter's own
-# site-packages (numpy 2 on the development machine), whose arrays Triton 2.51 sends back empty
-_known = set(sys.path)
-for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep) if p and p not in _known]):
-    _before = list(sys.path)
-    site.addsitedir(_p)
-    sys.path[:] = [p for p in sys.path if p not in _before] + _before
+# The stub ignores PYTHONPATH: the launcher's paths, appended to import the helper that puts them
+# first (rose_backend/triton/stub_path.py); numpy only after it.
+sys.path += os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep)
+from rose_backend.triton.stub_path import launcher_paths_first  # noqa: E402
+launcher_paths_first()
 
 import numpy as np  # noqa: E402
 

@@ -5,16 +5,13 @@ the reference, loaded once on the instance's device.
 """
 import json
 import os
-import site
 import sys
 
-# The Python backend stub starts its interpreter isolated from PYTHONPATH, so the paths the
-# launcher exports (its virtual environment, this project) are added here, ahead of the rest.
-_known = set(sys.path)
-for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep) if p and p not in _known]):
-    _before = list(sys.path)
-    site.addsitedir(_p)
-    sys.path[:] = [p for p in sys.path if p not in _before] + _before
+# The stub ignores PYTHONPATH: the launcher's paths, appended to import the helper that puts them
+# first (rose_backend/triton/stub_path.py); numpy only after it.
+sys.path += os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep)
+from rose_backend.triton.stub_path import launcher_paths_first  # noqa: E402
+launcher_paths_first()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

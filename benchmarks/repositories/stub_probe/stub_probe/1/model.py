@@ -8,17 +8,14 @@ to the server that `rose` never makes on a request's path (its scheduler asks on
 waited 50 ms in its pool)."""
 import json
 import os
-import site
 import sys
 import time
 
-# numpy only after the paths below: imported before them, it comes from the interpreter's own
-# site-packages (numpy 2 on the development machine), whose arrays Triton 2.51 sends back empty
-_known = set(sys.path)
-for _p in reversed([p for p in os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep) if p and p not in _known]):
-    _before = list(sys.path)
-    site.addsitedir(_p)
-    sys.path[:] = [p for p in sys.path if p not in _before] + _before
+# The stub ignores PYTHONPATH: the launcher's paths, appended to import the helper that puts them
+# first (rose_backend/triton/stub_path.py); numpy only after it.
+sys.path += os.environ.get("ROSE_PYTHONPATH", "").split(os.pathsep)
+from rose_backend.triton.stub_path import launcher_paths_first  # noqa: E402
+launcher_paths_first()
 
 import numpy as np  # noqa: E402
 
