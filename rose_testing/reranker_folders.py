@@ -139,7 +139,7 @@ def reference_scores(folder: str | Path, query: str, documents: list[str], instr
 class PeerReranker:
     """The peer library's reranker loaded once: sentence-transformers' CrossEncoder (its default
     activation) for cross-encoders, the Qwen3-Reranker model card's code otherwise. Also the naive
-    Triton baseline of benchmarks/rerank_bench.py."""
+    Triton baseline of rose_bench rerank."""
 
     def __init__(self, folder: str | Path, device: str = "cpu", dtype=None):
         import torch

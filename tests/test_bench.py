@@ -1,6 +1,7 @@
 """The benchmark package (benchmarks/rose_bench) on this CPU machine: a tiny random BERT folder,
 both our repository and the naive baseline through real tritonservers, the gate, the JSON schema,
 the charts and the README renderer. The numbers mean nothing here; the H200 runs are committed."""
+import ast
 import importlib.util
 import json
 import os
@@ -40,6 +41,17 @@ def test_naive_baseline_matches_the_float32_reference(tmp_path, shape):
     assert cos_dist(texts, want).max() < 1e-5
     # the tokenizer maps one word to one token: "w12 w34" -> [12, 34]
     assert naive.tokenizer("w12 w34 w999")["input_ids"] == [12, 34, 999]
+
+
+def test_every_benchmark_is_a_subcommand():
+    """No benchmark script beside the package: each is a `python -m rose_bench` subcommand, whose
+    module takes main(argv)."""
+    from rose_bench.__main__ import SUBCOMMANDS
+    assert not sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+    for name, module in SUBCOMMANDS.items():
+        tree = ast.parse((ROOT / "benchmarks" / "rose_bench" / f"{module}.py").read_text())
+        mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
+        assert mains and mains[0].args.args, (name, module)
 
 
 def test_perf_analyzer_input_data(tmp_path):
@@ -116,14 +128,15 @@ def test_multi_gpu_bench_cpu_smoke(tmp_path):
 
 
 def test_stub_probe_bench_times_every_step(tmp_path):
-    """benchmarks/stub_probe_bench.py through a real tritonserver: every step is timed in the stub,
-    the cold and warm runs of our own code are both there, and the JSON records where it came from."""
+    """rose_bench stub-probe through a real tritonserver: every step is timed in the stub, the cold
+    and warm runs of our own code are both there, and the JSON records where it came from."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stub_probe_bench.py"), "--requests", "120",
+    p = subprocess.run([sys.executable, "-m", "rose_bench", "stub-probe", "--requests", "120",
                         "--out", str(tmp_path), "--git-commit", "test"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads((tmp_path / "stub_probe.json").read_text())
-    assert r["git"]["commit"] == "test" and r["date"] and r["command"] and r["client_p50_ms"] > 0
+    assert r["git"]["commit"] == "test" and r["date"] and r["client_p50_ms"] > 0
+    assert r["command"] == "python -m rose_bench stub-probe --requests 120 --out " + f"{tmp_path} --git-commit test"
     steps = r["stages"]
     assert "is_cancelled() (asks the server)" not in steps          # opt-in only
     for name in ("get_response_sender", "validate_tokens, first",

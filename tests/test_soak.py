@@ -52,7 +52,7 @@ def tree_rss(pid: int) -> dict[str, tuple[int, int]]:
     return out
 
 
-# CI's run is a 30 s smoke of the soak (the 8-minute soak under faults is benchmarks/soak_gpu.py, on the H200)
+# CI's run is a 30 s smoke of the soak (the 8-minute soak under faults is rose_bench soak, on the H200)
 @pytest.mark.parametrize("minutes", [0.5, pytest.param(5, marks=pytest.mark.slow)])
 def test_soak(minutes, server, sentence_model, default_model_dir):
     from rose_ensemble.tokenization import TextTokenizer

@@ -2,12 +2,12 @@
 # Cold start from precompiled kernels on a fresh H200, both benchmark shapes in one device command:
 #   run(command="source .gpu/enter.sh && bash benchmarks/gpu/cold_start.sh COMMIT", carry=[".gpu"])
 # For bge-m3 and pplx-embed (random-weight folders at the real shapes, made on the GPU as
-# readiness_bench.py --shape makes them):
+# rose_bench readiness --shape makes them):
 #   (a) python -m rose_backend.precompile --model <folder> --out /tmp/rose-precompiled, timed;
 #   (b) with the machine's own caches empty (~/.cache, ~/.triton and ~/.nv moved aside, put back on
 #       exit) and ROSE_CACHE_DIR=/tmp/rose-precompiled, one server launch: launch -> READY, then the
-#       first request of each shape against its steady p50 (benchmarks/readiness_bench.py --cache-dir:
-#       the folder is never emptied). Shapes in readiness_bench's SEQSxTOTAL-TOKENS notation: 1x64,
+#       first request of each shape against its steady p50 (python -m rose_bench readiness --cache-dir:
+#       the folder is never emptied). Shapes in rose_bench readiness's SEQSxTOTAL-TOKENS notation: 1x64,
 #       1x512, 8x4096 (8 x 512) and 100x51200 (100 x 512, the scoring / throughput request).
 # Results under $OUT/readiness/: <shape>-h200.json (model, cache, precompiled, ready_s,
 # first_request_ms, steady_p50_ms, commit, date) and <shape>-precompile.json (what was built, how
@@ -44,7 +44,7 @@ for SHAPE in $SHAPES; do
   cp $PRE/precompile.json "$R/$SHAPE-precompile.json" 2>/dev/null
   [ $rc = 0 ] || continue
   echo "   files under ~/.cache before the launch: $(find "$HOME/.cache" -type f 2>/dev/null | wc -l)"
-  timeout 240 python3 benchmarks/readiness_bench.py --shape "$SHAPE" --device cuda --workdir $W --cache-dir $PRE \
+  timeout 240 python3 -m rose_bench readiness --shape "$SHAPE" --device cuda --workdir $W --cache-dir $PRE \
     --launches cold --shapes 1x64,1x512,8x4096,100x51200 --steady 20 --git-commit "$COMMIT" \
     --out "$R/$SHAPE-h200.json" > "$L/$SHAPE-readiness.log" 2>&1
   echo "   readiness rc=$?"

@@ -14,7 +14,7 @@ if [ -f .gpu/stub-numpy.tar.xz ]; then
   mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site
   export ROSE_STUB_SITE=/tmp/stub-site
 fi
-# the gateway's wheels where they were carried in .whl/ (gateway_bench.sh says how to download them)
+# the gateway's wheels where they were carried in .whl/ (gateway.sh says how to download them)
 if [ -d .whl ] && ! python3 -c "import starlette, uvicorn, httptools, orjson, prometheus_client" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps .whl/*.whl
 fi

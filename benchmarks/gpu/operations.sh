@@ -14,17 +14,17 @@ export ROSE_CACHE_DIR=/tmp/rose-cache/$SHAPE
 W=/tmp/rose-ops/$SHAPE
 case $PHASE in
   readiness)
-    timeout 590 python3 benchmarks/readiness_bench.py --shape $SHAPE --device cuda --workdir $W \
+    timeout 590 python3 -m rose_bench readiness --shape $SHAPE --device cuda --workdir $W \
       --shapes 1x64,1x512,8x4096,32x16384 --variants default,none --steady 30 \
       --out $OUT/readiness_h200_$SHAPE.json > $OUT/readiness_$SHAPE.log 2>&1; echo "readiness rc=$?"
     mkdir -p $ROSE_CACHE_DIR && cp -r $W/cache-0/. $ROSE_CACHE_DIR/ 2>/dev/null
     tail -25 $OUT/readiness_$SHAPE.log ;;
   soak)
-    timeout 595 python3 benchmarks/soak_gpu.py --shape $SHAPE --minutes $MINUTES --clients 24 --workdir $W \
+    timeout 595 python3 -m rose_bench soak --shape $SHAPE --minutes $MINUTES --clients 24 --workdir $W \
       --out $OUT/soak_h200_$SHAPE.json > $OUT/soak_$SHAPE.log 2>&1; echo "soak rc=$?"
     tail -20 $OUT/soak_$SHAPE.log ;;
   oom)
-    timeout 590 python3 benchmarks/soak_gpu.py --shape $SHAPE --oom-only --workdir $W \
+    timeout 590 python3 -m rose_bench soak --shape $SHAPE --oom-only --workdir $W \
       --out $OUT/oom_h200_$SHAPE.json > $OUT/oom_$SHAPE.log 2>&1; echo "oom rc=$?"
     grep -h "out of memory\|capped" $W/server-oom.log | head -5; tail -5 $OUT/oom_$SHAPE.log ;;
 esac

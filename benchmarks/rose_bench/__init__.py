@@ -10,6 +10,14 @@
     python -m rose_bench tail                              # where a concurrent load's slowest requests spend their time
     python -m rose_bench lanes --model bge-m3              # queries beside a bulk load (--modelled-device: no GPU)
     python -m rose_bench http                              # the HTTP gateway beside gRPC embed and rose (perf_analyzer)
+    python -m rose_bench gateway                           # the HTTP gateway's cost over rose_client's direct gRPC
+    python -m rose_bench tokenize                          # `tokenize` per request: in process and through tritonserver
+    python -m rose_bench readiness                         # launch -> READY, each shape's first request vs its p50
+    python -m rose_bench soak --minutes 8                  # many clients, mixed traffic and faults, then SIGTERM
+    python -m rose_bench retrieval --shape bge-m3          # BGE-M3's sparse + ColBERT outputs vs dense only
+    python -m rose_bench outputs                           # the same outputs' host cost per stage, in process
+    python -m rose_bench rerank --shape bge-reranker-v2-m3 # `rerank` against a naive Triton reranker
+    python -m rose_bench stub-probe                        # each step of a request inside Triton's Python stub
     python -m rose_bench tokenizers                        # tokenizer.json readers against HF tokenizers: parity, speed
     python -m rose_bench gemm-sweep                        # the projections as bare GEMMs, per call form (GPU)
     python -m rose_bench merge OUT.json RUN.json ...       # join end-to-end runs of one model
@@ -19,6 +27,7 @@
 
 `python -m rose_bench SUBCOMMAND --help` describes each. Each writes into its --out; the
 results kept in the repository are benchmarks/results/<bench>/<model>-<gpu>.json (benchmarks/results/README.md).
-Install with the project's `bench` extra (pip install -e ".[bench]"); random-weight model folders
-come from rose_testing.
+Install with the project's `bench` extra (pip install -e ".[bench]") and run from the repository
+root: random-weight model folders come from rose_testing there (not installed); the benchmarks' own
+model repositories are benchmarks/repositories/.
 """

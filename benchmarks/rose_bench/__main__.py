@@ -13,8 +13,9 @@ SUBCOMMANDS = {
     "attention-sweep": "attention_sweep", "merge": "merge", "render-readme": "render_readme",
     "charts": "charts", "perf-inputs": "perf", "forward-profile": "forward_profile",
     "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail", "tokenizers": "tokenizers_bench",
-    "lanes": "lanes",
-    "http": "http",
+    "lanes": "lanes", "http": "http", "gateway": "gateway", "tokenize": "tokenize_stage",
+    "readiness": "readiness", "soak": "soak", "retrieval": "retrieval", "outputs": "outputs",
+    "rerank": "rerank", "stub-probe": "stub_probe",
 }
 
 

@@ -69,10 +69,16 @@ def cuda_available() -> bool:
         return False
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The run's command line as recorded: `python -m rose_bench NAME` (what __main__ puts in
+    sys.argv[0]) and its arguments (`argv` where main() was handed them)."""
+    return " ".join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
+
+
 def run_record(commit: str | None, device: str) -> dict:
     """What a run's JSON opens with: its command line, git commit (`commit` where .git is not
     available), date and machine."""
-    return {"command": " ".join(sys.argv), "git": git_commit(commit),
+    return {"command": command_line(), "git": git_commit(commit),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": host_info(device)}
 
 

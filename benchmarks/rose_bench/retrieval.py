@@ -11,8 +11,8 @@ answer (the client's clock: Triton, the forward pass, the heads, the transfer), 
 the answer (ColBERT's share at 100 x 512 = the size of that one response). Warm-up requests
 first (graph captures). Prints a table and saves JSON (command, git commit, machine, date).
 
-    H200:  PYTHONPATH=. python3 benchmarks/retrieval_bench.py --shape bge-m3 --out benchmarks/results
-    CPU smoke: .venv/bin/python benchmarks/retrieval_bench.py --shape tiny --iters 5 --warmup 2
+    H200:  python3 -m rose_bench retrieval --shape bge-m3 --out benchmarks/results
+    CPU smoke: .venv/bin/python -m rose_bench retrieval --shape tiny --iters 5 --warmup 2
     Where the time goes: --stage-times (the server's per-stage medians, ROSE_STAGE_TIMES, dense vs
     all; run one cell at a time with --cells 100x512 so the stages are that cell's); --colbert-dim
     1024 gives the tiny folder BGE-M3's ColBERT width (the answer's real size on a CPU).
@@ -31,12 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "client"), str(ROOT / "ensemble"), str(ROOT / "benchmarks")]
-from rose_backend.launch.deployment import free_ports, repository_copy, DEFAULT_REPOSITORY  # noqa: E402
-from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
-from rose_client.transport import StreamConnection  # noqa: E402
-from rose_bench.record import git_commit, host_info  # noqa: E402
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
+from rose_backend.launch.tritonserver import TritonProcess
+from rose_bench.record import command_line, git_commit, host_info
+from rose_client.transport import StreamConnection
 
 SHAPES = ("bge-m3", "tiny")
 CELLS = [(1, 128), (100, 512)]
@@ -60,7 +58,7 @@ def request(conn, seqs: int, tokens: int, outputs, rng, vocab: int):
     return ms, sizes
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a BGE-M3 folder (with sparse_linear.pt, colbert_linear.pt)")
     ap.add_argument("--shape", default="bge-m3", choices=SHAPES, help="random folder shape without --model")
@@ -74,7 +72,7 @@ def main() -> int:
     ap.add_argument("--stage-times", action="store_true", help="print the server's per-stage medians, dense vs all")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="extra tritonserver argument, e.g. --server-arg=--backend-config=python,shm-growth-byte-size=268435456")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="rose-retrieval-") as tmp:
@@ -97,7 +95,7 @@ def main() -> int:
         finally:
             srv.stop()
         stages = {p.name: json.loads(p.read_text()) for p in sorted(stage_dir.glob("*.json"))}
-    report = {"command": " ".join(sys.argv), "git": git_commit(args.git_commit),
+    report = {"command": command_line(argv), "git": git_commit(args.git_commit),
               "host": host_info("cuda" if torch.cuda.is_available() else "cpu"),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "model": args.model or f"random {args.shape}", "colbert_dim": args.colbert_dim, "rows": rows}
@@ -170,7 +168,3 @@ def run(url: str, args, vocab: int) -> list[dict]:
     finally:
         conn.close()
     return rows
-
-
-if __name__ == "__main__":
-    sys.exit(main())

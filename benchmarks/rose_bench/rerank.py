@@ -1,8 +1,8 @@
 """Reranking latency: one query with N documents of L tokens, rose's `rerank` vs a naive Triton model.
 
-    python benchmarks/rerank_bench.py --shape bge-reranker-v2-m3            # on a GPU host
-    python benchmarks/rerank_bench.py --shape qwen3-reranker-0.6b
-    python benchmarks/rerank_bench.py --shape tiny-xlmr-ce --iters 5        # CPU smoke run
+    python -m rose_bench rerank --shape bge-reranker-v2-m3            # on a GPU host
+    python -m rose_bench rerank --shape qwen3-reranker-0.6b
+    python -m rose_bench rerank --shape tiny-xlmr-ce --iters 5        # CPU smoke run
 
 Each system is a real tritonserver started on a random-weight folder of the shape
 (rose_testing/reranker_folders.py; --folder serves a real one instead): rose serves the
@@ -22,26 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-for _p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+from rose_backend.launch.deployment import free_ports
+from rose_backend.launch.tritonserver import TritonProcess
+from rose_bench.record import command_line, git_commit, host_info, repo_root
+from rose_client.transport import StreamConnection, serialize_bytes
+from rose_testing.reranker_folders import SHAPES, write_reranker_folder
 
-from rose_backend.launch.deployment import free_ports  # noqa: E402
-from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
-from rose_testing.reranker_folders import SHAPES, write_reranker_folder  # noqa: E402
-from rose_client.transport import StreamConnection, serialize_bytes  # noqa: E402
-
-from rose_bench.record import git_commit, host_info  # noqa: E402
-
-BASELINE_REPOSITORY = ROOT / "benchmarks" / "repositories" / "rerank_baseline"
+BASELINE_REPOSITORY = repo_root() / "benchmarks" / "repositories" / "rerank_baseline"
 SYSTEMS = {"rose": (None, "rerank"), "naive": (BASELINE_REPOSITORY, "naive_rerank")}
 
 
@@ -119,7 +112,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     counts = [int(x) for x in args.docs.split(",") if x.strip()]
     requests = {n: make_request(rng, vocab, n, args.doc_tokens, args.query_tokens) for n in counts}
-    result = {"command": " ".join([sys.executable] + sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    result = {"command": command_line(argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "git": git_commit(args.git_commit), "host": host_info(device), "shape": args.shape,
               "folder": str(folder), "doc_tokens": args.doc_tokens, "query_tokens": args.query_tokens,
               "iters": args.iters, "warmup": args.warmup, "systems": {}}
@@ -127,7 +120,7 @@ def main(argv=None) -> int:
         print(f"{system}: starting tritonserver on {folder}", flush=True)
         result["systems"][system] = time_system(system, folder, args, requests, work)
     print(summary(result, counts))
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"rerank_bench_{args.shape}.json"
+    out = Path(args.out) if args.out else repo_root() / "benchmarks" / "results" / f"rerank_bench_{args.shape}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"saved {out}")
@@ -148,7 +141,3 @@ def summary(result: dict, counts: list[int]) -> str:
         rows.append(f"{n:>5} {cell(r, 'p50_ms'):>9} {cell(r, 'p99_ms'):>9} {cell(b, 'p50_ms'):>10} "
                     f"{cell(b, 'p99_ms'):>10} {ratio:>10} {diff:>11}")
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

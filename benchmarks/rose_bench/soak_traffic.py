@@ -1,4 +1,4 @@
-"""The soak's traffic and probes (benchmarks/soak_gpu.py): the reference pool, malformed requests,
+"""The soak's traffic and probes (rose_bench soak): the reference pool, malformed requests,
 and the server's memory as the operating system and nvidia-smi see it."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""GPU soak (a benchmark script, not a CI test): many clients, mixed traffic, faults, then SIGTERM.
+"""GPU soak (a benchmark, not a CI test): many clients, mixed traffic, faults, then SIGTERM.
 
-    python benchmarks/soak_gpu.py --shape pplx-embed --minutes 8 --clients 24     # on the H200
-    python benchmarks/soak_gpu.py --minutes 1 --clients 4 --max-len 64            # CPU smoke
+    python -m rose_bench soak --shape pplx-embed --minutes 8 --clients 24     # on the H200
+    python -m rose_bench soak --minutes 1 --clients 4 --max-len 64            # CPU smoke
 
 One real tritonserver (the launcher's TritonProcess). Before the load, every sequence of a pool
 (lengths 1..--max-len, log-uniform) is embedded alone, as token ids through `rose` and as text
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -32,18 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "client", ROOT / "ensemble"):
-    sys.path.insert(0, str(p))
-
-from rose_backend.config import ModelConfig  # noqa: E402
-from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy  # noqa: E402
-from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
-from rose_testing.compare import cos_dist  # noqa: E402
-from rose_client import ConnectionLost, ServerError, StreamConnection  # noqa: E402
-from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
-from soak_traffic import (BAD_KINDS, Pool, gpu_mib, ids_inputs, malformed, metric, rss_mib,  # noqa: E402
-                          server_processes)
+from rose_backend.config import ModelConfig
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
+from rose_backend.launch.tritonserver import TritonProcess
+from rose_bench.record import command_line, git_commit, host_info, save_json
+from rose_bench.soak_traffic import (BAD_KINDS, Pool, gpu_mib, ids_inputs, malformed, metric, rss_mib,
+                                     server_processes)
+from rose_client import ConnectionLost, ServerError, StreamConnection
+from rose_testing.compare import cos_dist
 
 
 class Soak:
@@ -221,7 +216,7 @@ def main(argv=None) -> int:
     max_len = min(args.max_len, cfg.max_positions)
     params = {"rose": {"max_queued_tokens": str(args.max_queued_tokens),
                        **dict(kv.split("=", 1) for kv in args.rose_param)}}
-    result = {"command": " ".join(["soak_gpu.py"] + (argv if argv is not None else sys.argv[1:])),
+    result = {"command": command_line(argv),
               "git": git_commit(args.git_commit), "machine": host_info("cuda" if cuda else "cpu"),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": str(folder or "default"),
               "settings": {k: v for k, v in vars(args).items()}, "max_len": max_len}
@@ -301,7 +296,3 @@ def summary(r: dict) -> str:
     if "oom" in r:
         lines.append(f"oom: {r['oom']}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

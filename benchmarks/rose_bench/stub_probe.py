@@ -5,7 +5,7 @@ call (each run twice in a row: cold, as a request pays it, then warm), building 
 A tritonserver with benchmarks/repositories/stub_probe, one tritonclient gRPC stream sending requests
 back to back (optionally with a pause between them), medians from the stub itself.
 
-    python benchmarks/stub_probe_bench.py [--requests 1000] [--gap-ms 0] [--ask-cancelled] [--out DIR] [--git-commit C]
+    python -m rose_bench stub-probe [--requests 1000] [--gap-ms 0] [--ask-cancelled] [--out DIR] [--git-commit C]
 
 Prints a table and writes <out>/stub_probe.json (command, commit, machine, date).
 """
@@ -14,17 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rose_bench.record import git_commit, host_info  # noqa: E402
+from rose_bench.record import command_line, git_commit, host_info, repo_root
 
-REPOSITORY = Path(__file__).resolve().parent / "repositories" / "stub_probe"
+REPOSITORY = repo_root() / "benchmarks" / "repositories" / "stub_probe"
 
 
 def run(requests: int, gap_ms: float, work: Path, ask_cancelled: bool = False) -> dict:
@@ -83,7 +81,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rose-probe-") as tmp:
         res = run(args.requests, args.gap_ms, Path(tmp), args.ask_cancelled)
-    result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+    result = {"command": command_line(argv),
               "git": git_commit(args.git_commit), "machine": host_info("cpu"),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **res}
     print(f"client p50 {res['client_p50_ms']} ms, p99 {res['client_p99_ms']} ms; in the stub, p50 / p99 us:")
@@ -94,7 +92,3 @@ def main(argv=None) -> int:
     (out / "stub_probe.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {out / 'stub_probe.json'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

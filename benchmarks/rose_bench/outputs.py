@@ -7,16 +7,15 @@ Per cell (sequences x tokens) and mode (dense only / dense + sparse + ColBERT): 
 stage of the host path (serving/stage_clock.py names: scheduled ... result_on_host, sliced,
 outputs_built), then the outputs functions alone on the same shapes (sparse_outputs,
 colbert_outputs over the batches' pieces). What Triton adds (pb_utils.Tensor into shared memory,
-the gRPC response) is retrieval_bench.py --stage-times's job.
+the gRPC response) is `rose_bench retrieval --stage-times`'s job.
 
-    .venv/bin/python benchmarks/outputs_bench.py [--iters 20] [--cells 1x128,100x512] [--out DIR]
+    python -m rose_bench outputs [--iters 20] [--cells 1x128,100x512] [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import json
-import sys
 import tempfile
 import threading
 import time
@@ -24,16 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-from rose_backend.config import ModelConfig  # noqa: E402
-from rose_backend.engine.engine import Engine  # noqa: E402
-from rose_backend.serving.outputs import (OutputOptions, build_outputs, colbert_outputs,  # noqa: E402
-                                          collect_piece, sparse_outputs, special_token_ids)
-from rose_backend.serving.scheduler import Request  # noqa: E402
-from rose_backend.serving.service import EmbeddingService  # noqa: E402
-from rose_backend.serving.stage_clock import StageClock  # noqa: E402
-from rose_testing.m3_folders import make_m3_folder  # noqa: E402
+from rose_backend.config import ModelConfig
+from rose_backend.engine.engine import Engine
+from rose_backend.serving.outputs import (OutputOptions, build_outputs, colbert_outputs, collect_piece, sparse_outputs,
+                                          special_token_ids)
+from rose_backend.serving.scheduler import Request
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.stage_clock import StageClock
+from rose_bench.record import command_line
+from rose_testing.m3_folders import make_m3_folder
 
 MODES = {"dense": OutputOptions(frozenset({"EMBEDDINGS"}), frozenset()),
          "all": OutputOptions(frozenset({"EMBEDDINGS", "SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT",
@@ -105,14 +103,14 @@ def functions(cells, colbert_dim: int, iters: int, batch_tokens: int = 16384) ->
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default="1x128,100x512")
     ap.add_argument("--colbert-dim", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default=None, help="folder for outputs_bench.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
     with tempfile.TemporaryDirectory(prefix="rose-outputs-") as tmp:
         folder = make_m3_folder(Path(tmp) / "m3", hidden=64, layers=2, heads=4, colbert_dim=args.colbert_dim,
@@ -132,9 +130,5 @@ def main() -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "outputs_bench.json").write_text(json.dumps(
-            {"command": " ".join(sys.argv), "stages": stages, "functions": funcs}, indent=1))
+            {"command": command_line(argv), "stages": stages, "functions": funcs}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

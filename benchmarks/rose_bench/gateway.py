@@ -1,8 +1,8 @@
 """What the HTTP gateway costs over calling Triton directly with rose_client
 (benchmarks/RESULTS-http.md).
 
-    python benchmarks/gateway_bench.py                       # starts tritonserver + gateway itself
-    python benchmarks/gateway_bench.py --triton-urls 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080
+    python -m rose_bench gateway                             # starts tritonserver + gateway itself
+    python -m rose_bench gateway --triton-urls 127.0.0.1:8001 --gateway-url http://127.0.0.1:8080
 
 1. Latency, one 128-token text per request, one request at a time (the paths alternated, so drift
    hits all): p50 / p99 of direct gRPC (EmbeddingClient.embed, the `embed` ensemble) and of the
@@ -23,18 +23,14 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "client", ROOT / "gateway"):
-    sys.path.insert(0, str(p))
-
-from rose_client import AsyncEmbeddingClient, EmbeddingClient  # noqa: E402
+from rose_bench.record import command_line, repo_root
+from rose_client import AsyncEmbeddingClient, EmbeddingClient
 
 
 def text_of_tokens(n: int) -> str:
@@ -155,8 +151,8 @@ def machine(commit: str | None) -> dict:
             info["gpu"] = out.stdout.strip()
     info["git_commit"] = commit
     with contextlib.suppress(Exception):
-        info["git_commit"] = commit or subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                                      text=True, timeout=10).stdout.strip()
+        info["git_commit"] = commit or subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(),
+                                                      capture_output=True, text=True, timeout=10).stdout.strip()
     return info
 
 
@@ -179,7 +175,7 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--triton-urls", help="measure running servers (else start tritonserver + gateway here)")
     p.add_argument("--gateway-url", help="with --triton-urls: the gateway in front of them")
@@ -191,21 +187,18 @@ def main() -> None:
     p.add_argument("--param", action="append", default=[],
                    help="MODEL.KEY=VALUE config.pbtxt parameter of the started server, e.g. rose.inline_execute=false")
     p.add_argument("--git-commit", default=None, help="the commit measured, where the tree has no .git")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gateway_bench.json"))
-    args = p.parse_args()
+    p.add_argument("--out", default=str(repo_root() / "benchmarks" / "results" / "gateway_bench.json"))
+    args = p.parse_args(argv)
     text = text_of_tokens(args.tokens)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     ctx = (contextlib.nullcontext((args.triton_urls, args.gateway_url)) if args.triton_urls
-           else own_servers(args.model, ROOT / "tests" / ".logs", args.param))
+           else own_servers(args.model, repo_root() / "tests" / ".logs", args.param))
     with ctx as (urls, gw):
         res = {"tokens": args.tokens, "server_params": args.param, "latency": latency(urls, gw, text, args.n)}
         res["throughput"] = asyncio.run(throughput(urls, gw, text, args.clients, args.seconds))
-    res.update(command=" ".join([Path(sys.executable).name] + sys.argv), date=started, machine=machine(args.git_commit))
+    res.update(command=command_line(argv), date=started, machine=machine(args.git_commit))
     print(table(res))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     print(f"\nsaved {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -6,7 +6,7 @@
 #     --platform manylinux2014_x86_64 starlette==0.47.3 uvicorn==0.35.0 httptools==0.6.4 uvloop==0.21.0 \
 #     orjson==3.11.3 prometheus_client==0.22.1 httpx==0.28.1
 # Then, from the repository root with $OUT set (.whl/ copied along):
-#   bash benchmarks/gpu/gateway_bench.sh COMMIT
+#   bash benchmarks/gpu/gateway.sh COMMIT
 set -u
 COMMIT=${1:-unknown}
 source benchmarks/gpu/enter_bench.sh
@@ -14,6 +14,6 @@ source benchmarks/gpu/enter_bench.sh
 python3 -m pip install -q ${PIP_FROM:-} starlette==0.47.3 uvicorn==0.35.0 httptools==0.6.4 \
   uvloop==0.21.0 orjson==3.11.3 prometheus_client==0.22.1 httpx==0.28.1
 export PYTHONPATH=$PWD/gateway:$PYTHONPATH
-timeout 500 python3 benchmarks/gateway_bench.py --git-commit "$COMMIT" --out $OUT/gateway_bench.json \
+timeout 500 python3 -m rose_bench gateway --git-commit "$COMMIT" --out $OUT/gateway_bench.json \
   > $OUT/gateway_bench.log 2>&1; echo "rc=$?"
 cat $OUT/gateway_bench.log

@@ -1,7 +1,7 @@
 """`tokenize` cost per request: in-process stages, and through a real tritonserver (no GPU needed).
 
-    python benchmarks/tokenize_bench.py --out OUT            # CPU, the default model (kept as benchmarks/results/tokenize/minilm-cpu.json)
-    source benchmarks/gpu/enter_bench.sh && python3 benchmarks/tokenize_bench.py --out OUT --shape bge-m3   # on a GPU host
+    python -m rose_bench tokenize --out OUT            # CPU, the default model (kept as benchmarks/results/tokenize/minilm-cpu.json)
+    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench tokenize --out OUT --shape bge-m3   # on a GPU host
 
 1. In process (no server): the stages `tokenize` runs per request, on one 128-word and one 512-word
    text as Triton hands them over (a numpy object array of bytes): `decode` (BYTES -> str, checks),
@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -33,12 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "client", ROOT / "ensemble", ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
+from rose_bench.record import command_line, git_commit, host_info, save_json
 
 
 def words_text(tokenizer, words: int, seed: int) -> str:
@@ -254,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+    result = {"command": command_line(argv),
               "git": git_commit(args.git_commit), "host": host_info("cpu"),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     path = out_dir / "tokenize_bench.json"
@@ -282,7 +276,3 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     print(f"\nwrote {path}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

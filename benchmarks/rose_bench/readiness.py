@@ -1,8 +1,8 @@
 """Ready means ready: launch -> READY, then each configuration's first request vs its steady p50.
 
-    python benchmarks/readiness_bench.py                                   # CPU, the default model
-    python benchmarks/readiness_bench.py --shape pplx-embed --device cuda  # random-weight folder
-    python benchmarks/readiness_bench.py --model /models/bge-m3 --variants default,none
+    python -m rose_bench readiness                                   # CPU, the default model
+    python -m rose_bench readiness --shape pplx-embed --device cuda  # random-weight folder
+    python -m rose_bench readiness --model /models/bge-m3 --variants default,none
 
 For every precapture variant (`default`: the server's default warm-up list; `none`: no warm-up; or
 an explicit "seqs:tokens,..." list) and every launch (`cold`: an empty compile-cache folder, so
@@ -24,7 +24,6 @@ date.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -32,14 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "client", ROOT / "ensemble"):
-    sys.path.insert(0, str(p))
-
-from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy  # noqa: E402
-from rose_backend.launch.tritonserver import TritonProcess  # noqa: E402
-from rose_client import StreamConnection  # noqa: E402
-from rose_bench.record import git_commit, host_info, save_json  # noqa: E402
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
+from rose_backend.launch.tritonserver import TritonProcess
+from rose_bench.record import command_line, git_commit, host_info, save_json
+from rose_client import StreamConnection
 
 
 def parse_shapes(value: str) -> list[tuple[int, int]]:
@@ -140,7 +135,7 @@ def main(argv=None) -> int:
     folder = model_folder(args, work)
     vocab = vocab_size(folder)
     shapes = parse_shapes(args.shapes)
-    result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+    result = {"command": command_line(argv),
               "git": git_commit(args.git_commit), "machine": host_info(args.device),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "model": args.shape or (folder.name if folder else "default"), "folder": str(folder or "default"),
@@ -184,7 +179,3 @@ def table(runs: list[dict]) -> str:
                     else " " * 33)
             lines.append(f"{head} {s['shape']:>9} {s['first_ms']:>9.1f} {s['steady_p50_ms']:>8.1f} {s['ratio']:>9.2f}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
