@@ -160,8 +160,9 @@ def test_tail_bench_follows_each_request_through_the_server(tmp_path):
     run = r["runs"]["tiny-xlm-roberta/two"]
     assert "error" not in run and run["server_exit_code"] == 0, run
     repo = tmp_path / "work" / "repo-tiny-xlm-roberta-two"
-    assert 'key: "response_threads" value: { string_value: "2" }' in (repo / "rose" / "config.pbtxt").read_text()
-    assert "instance_group [ { count: 1" in (repo / "tokenize_batched" / "config.pbtxt").read_text()
+    from rose_backend.triton.model_settings import read_model_config
+    assert read_model_config(repo / "rose" / "config.pbtxt").parameters["response_threads"].string_value == "2"
+    assert [g.count for g in read_model_config(repo / "tokenize_batched" / "config.pbtxt").instance_group] == [1]
     assert run["client"]["n"] > 20 and run["client"]["p50_ms"] > 0 and run["warmup"]["rose"]["batches"] > 0
     assert run["traced_requests"] >= run["client"]["n"]            # every measured request, none of the warm-up's
     assert run["rose_marks_joined"] >= 0.9 * run["traced_requests"]
