@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -44,6 +43,7 @@ import numpy as np
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
 from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.triton.model_settings import edit_model_config
 from rose_testing.folders import make_folder
 from rose_bench.host_path import text_input, triton_metric
 from rose_bench.perf import run_perf_analyzer
@@ -72,11 +72,11 @@ def parse_variant(text: str) -> tuple[str, dict, dict, dict]:
 
 
 def set_instance_count(config: Path, count: int) -> None:
-    text = config.read_text()
-    new, n = re.subn(r"instance_group \[ \{ count: \d+", f"instance_group [ {{ count: {count}", text)
-    if n != 1:
-        raise ValueError(f"{config}: no single 'instance_group [ {{ count: N' to change")
-    config.write_text(new)
+    def change(message) -> None:
+        if len(message.instance_group) != 1:
+            raise ValueError(f"{config}: no single instance_group to change")
+        message.instance_group[0].count = count
+    edit_model_config(config, change=change)
 
 
 def client_latencies(export: Path) -> dict:

@@ -137,28 +137,24 @@ def load(grpc_url: str, model: str, texts: list[str], clients: int, per_client: 
     return res
 
 
-# `embed` as it was before tokenize_batched (its first step `tokenize`, rose's options straight from
-# the ensemble's inputs): the A/B for the lone-request latency and the 16-client load.
-_PLAIN_EMBED = [('model_name: "tokenize_batched"   # `tokenize`, decoupled: waiting requests tokenized together',
-                 'model_name: "tokenize"'),
-                ('      input_map { key: "DIMENSIONS" value: "DIMENSIONS" }\n', ''),
-                ('      input_map { key: "ENCODING" value: "ENCODING" }\n', ''),
-                ('      output_map { key: "DIMENSIONS" value: "dimensions" }\n', ''),
-                ('      output_map { key: "ENCODING" value: "encoding" }\n', ''),
-                ('input_map { key: "DIMENSIONS" value: "dimensions" }', 'input_map { key: "DIMENSIONS" value: "DIMENSIONS" }'),
-                ('input_map { key: "ENCODING" value: "encoding" }', 'input_map { key: "ENCODING" value: "ENCODING" }')]
+def _plain_embed(message) -> None:
+    """`embed` as it was before tokenize_batched: its first step `tokenize`, rose's options straight
+    from the ensemble's inputs (the A/B for the lone-request latency and the 16-client load)."""
+    first, rose = message.ensemble_scheduling.step
+    if first.model_name != "tokenize_batched" or rose.model_name != "rose":
+        raise RuntimeError(f"embed's steps have changed: {first.model_name}, {rose.model_name}")
+    first.model_name = "tokenize"
+    for name in ("DIMENSIONS", "ENCODING"):
+        del first.input_map[name]
+        del first.output_map[name]
+        rose.input_map[name] = name
 
 
 def plain_embed_repository(dest: Path) -> Path:
     from rose_backend.launch.deployment import DEFAULT_REPOSITORY, repository_copy
+    from rose_backend.triton.model_settings import edit_model_config
     repo = repository_copy(DEFAULT_REPOSITORY, dest, {})
-    cfg = repo / "embed" / "config.pbtxt"
-    text = cfg.read_text()
-    for old, new in _PLAIN_EMBED:
-        if old not in text:
-            raise RuntimeError(f"embed/config.pbtxt has changed: {old.strip()!r} not found")
-        text = text.replace(old, new)
-    cfg.write_text(text)
+    edit_model_config(repo / "embed" / "config.pbtxt", change=_plain_embed)
     shutil.rmtree(repo / "tokenize_batched")
     return repo
 
