@@ -67,7 +67,8 @@ serve: install
 
 # Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one
 # worker): much of a server test is waiting on a server's start-up and shutdown, which the others
-# fill (2 workers: 284 s, 3 workers: 256 s on a quiet 2-core machine).
+# fill. A fresh clone on a quiet 2-core machine, 635 tests: 467 s of pytest with 3 workers, 416 s
+# with 4 (kept at 3: the timing-sensitive tests have less room with more workers than cores).
 test: $(VENV)/.test-installed
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 3 $(PYTEST_ARGS)
 
