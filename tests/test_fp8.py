@@ -38,8 +38,8 @@ def test_fp8_linear_runs_fp8_from_its_threshold_and_the_original_below():
     assert float(cos_dist(y.detach().numpy(), want.detach().numpy()).max()) < 2e-3
 
 
-def test_only_the_layers_projections_are_quantized():
-    folder_cfg = ModelConfig.from_folder(make_folder("tiny-bert", "/tmp/rose-fp8-tests/tiny-bert"))
+def test_only_the_layers_projections_are_quantized(tmp_path):
+    folder_cfg = ModelConfig.from_folder(make_folder("tiny-bert", tmp_path / "tiny-bert"))
     from rose_backend.models import build_model
     model = build_model(folder_cfg)
     n = quantize_linears(model, 16)
@@ -65,8 +65,8 @@ def test_fp8_engine_matches_the_float32_reference(tmp_path, shape):
     np.testing.assert_allclose(above, plain, rtol=1e-6, atol=1e-6)
 
 
-def test_the_budget_counts_the_fp8_copies():
-    cfg = ModelConfig.from_folder(make_folder("tiny-qwen3", "/tmp/rose-fp8-tests/tiny-qwen3"))
+def test_the_budget_counts_the_fp8_copies(tmp_path):
+    cfg = ModelConfig.from_folder(make_folder("tiny-qwen3", tmp_path / "tiny-qwen3"))
     plain = engine_budget(cfg, "cpu", torch.float32)
     fp8 = engine_budget(cfg, "cpu", torch.float32, fp8=True)
     assert fp8.weights - plain.weights == fp8_copy_bytes(cfg) > 0

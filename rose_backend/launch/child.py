@@ -14,6 +14,7 @@ whatever is left of its group (its Python stubs, its worker processes). As a con
 """
 from __future__ import annotations
 
+import abc
 import os
 import signal
 import subprocess
@@ -40,7 +41,7 @@ def http_status(url: str, timeout: float = 2.0) -> int:
         return 0
 
 
-class ChildProcess:
+class ChildProcess(abc.ABC):
     proc: subprocess.Popen | None = None
     log_file: str | Path | None = None
     die_with_parent: bool = True
@@ -62,14 +63,17 @@ class ChildProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
+    @abc.abstractmethod
     def start(self):
-        raise NotImplementedError
+        """Spawn the child (its command and environment)."""
 
+    @abc.abstractmethod
     def wait_ready(self) -> None:
-        raise NotImplementedError
+        """Return once the child serves."""
 
+    @abc.abstractmethod
     def stop(self, timeout: float | None = None) -> int | None:
-        raise NotImplementedError
+        """Stop the child; its exit code."""
 
     def __enter__(self):
         self.start()

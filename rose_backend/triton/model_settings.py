@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.warmup import parse_precapture
@@ -212,7 +213,7 @@ class RoseSettings(_Settings):
     @property
     def torch_dtype_name(self) -> str | None:
         """"float32" / "bfloat16" / "float16", or None for the engine's default."""
-        return DTYPES[self.dtype] or None if self.dtype else None
+        return DTYPES.get(self.dtype) or None
 
     @property
     def precapture_configs(self) -> list[tuple[int, int]]:
@@ -305,7 +306,6 @@ def read_model_config(path):
     """A config.pbtxt as Triton reads it: protobuf text format into tritonclient's ModelConfig message."""
     from google.protobuf import text_format      # tritonclient's dependency
     from tritonclient.grpc import model_config_pb2
-    from pathlib import Path
     return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
 
 
@@ -324,7 +324,6 @@ def edit_model_config(path, *, name: str | None = None, parameters: dict | None 
     for anything else (e.g. an instance count). Written back in protobuf text format (comments are
     not kept: for repository copies, not the shipped files)."""
     from google.protobuf import text_format
-    from pathlib import Path
     message = read_model_config(path)
     if name is not None:
         message.name = name
