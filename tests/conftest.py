@@ -37,9 +37,9 @@ def shared_server():
     """shared_server(params=None, model_dir=None, name="shared") -> a running tritonserver, one per
     distinct (params, model_dir) for the whole session, stopped at its end. For tests that only talk
     to a server: a test that kills, restarts or reconfigures its server starts its own
-    (tests/server.py: running_server, running_servers). params as in running_server, e.g.
+    (tests/support/server.py: running_server, running_servers). params as in running_server, e.g.
     {"rose": {"max_batch_tokens": "256"}}; None: the shipped repository."""
-    from server import running_server
+    from support.server import running_server
     cache: dict = {}
     with contextlib.ExitStack() as stack:
         def get(params: dict | None = None, model_dir: str | None = None, name: str = "shared"):
@@ -62,7 +62,7 @@ def replicas():
     (OMP_NUM_THREADS=1) so that on this 2-core machine they work as independent workers, as GPUs
     would: the client's multi-server tests. test_client.py kills the second one; later users take
     the live ones ([s for s in replicas if s.proc.poll() is None])."""
-    from server import running_servers
+    from support.server import running_servers
     params = {"tokenize": {"prompts": '{"query": "query: "}'}}
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with running_servers(3, params=params, name="replica", env=env) as servers:
@@ -140,10 +140,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_sessionfinish(session, exitstatus):
     """Fail the session if it leaves a tritonserver, a stub or a /dev/shm/rose_* segment behind
-    (only what this session started: tests/leftovers.py), once every server stopped in the
-    background (tests/server.py) has exited. Stubs get 10 s to notice a dead server."""
-    import leftovers
-    import server
+    (only what this session started: tests/support/leftovers.py), once every server stopped in the
+    background (tests/support/server.py) has exited. Stubs get 10 s to notice a dead server."""
+    from support import leftovers
+    from support import server
     server.wait_stopped()
     procs, segs = leftovers.wait_gone(timeout=10.0)
     lines = [f"  process {pid}: {cmd[:200]}" for pid, cmd in procs.items()] + [f"  /dev/shm/{name}" for name in segs]

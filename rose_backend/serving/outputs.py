@@ -41,7 +41,7 @@ step = (max - min) / 255 per dimension, clipped to 0..255, minus 128 for int8). 
 need calibration ranges [2, d] (min row, max row) of the output's dimension d. EMBEDDINGS keeps its
 name and takes the encoding's data type: Triton 2.51 passes a Python-backend output whose data
 type differs from config.pbtxt's (FP32) on unchanged, through `rose` and the `embed` ensemble alike
-(tests/test_m3_outputs.py, tests/test_output_options.py), so no extra typed outputs are needed.
+(tests/server/test_m3_outputs.py, tests/server/test_output_options.py), so no extra typed outputs are needed.
 DIMENSIONS applies to EMBEDDINGS only, not to the ColBERT vectors.
 """
 from __future__ import annotations

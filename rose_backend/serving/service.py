@@ -57,7 +57,7 @@ class EmbeddingService(IdleInlineWorker):
                  host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
                  release: Callable[[Request], None] | None = None):
         """Limits as the `rose` parameters of the same names, with their defaults (RoseSettings;
-        tests/test_settings.py holds the two together); lane_settings: a LaneSettings, or any settings
+        tests/triton/test_settings.py holds the two together); lane_settings: a LaneSettings, or any settings
         with its fields (RoseSettings), steering the lanes; inline: run a lone request on the submitting
         thread (the resolved `inline_execute`); clock: a StageClock; on_piece(request, first seq, last
         seq, {name: rows}): takes a piece's sparse / ColBERT rows as its batch is collected (views of

@@ -4,7 +4,7 @@
     settings.max_batch_tokens                                            # 16384 unless config.pbtxt says
 
 Each dataclass below is the one place a model's parameters, their types and their defaults are
-written down; model_repository/*/config.pbtxt spells the same defaults (tests/test_settings.py
+written down; model_repository/*/config.pbtxt spells the same defaults (tests/triton/test_settings.py
 checks both and this docstring's defaults). A parameter the class does not know, a value of the
 wrong type or out of range is refused at start-up with an error naming the model and the
 parameter. An empty string_value means "the default".

@@ -1,0 +1,97 @@
+"""The launcher watches its HTTP gateway (rose_backend/launch/gateway_watch.py), with real processes: a
+gateway killed with SIGKILL is started again and serves; one that keeps dying stops the whole launch
+with a message and a non-zero exit; a second launch on the same gateway port refuses to start naming
+the port; another process listening on the port later (SO_REUSEPORT) stops the launch."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import httpx
+import pytest
+from support.launcher import LauncherRun
+
+from support import leftovers
+from rose_backend.launch.connections import children
+
+
+def gateway_pid(run: LauncherRun) -> int:
+    """The gateway process the launcher started (its workers are the gateway's own children)."""
+    pids = [p for p in children(run.proc.pid) if "rose_gateway" in leftovers.processes([run.prefix]).get(p, "")]
+    assert len(pids) == 1, (pids, run.processes())
+    return pids[0]
+
+
+def embeds(run: LauncherRun) -> bool:
+    try:
+        r = httpx.post(run.gateway_url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
+
+
+@pytest.fixture(scope="module")
+def launch():
+    with LauncherRun() as run:
+        assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output
+        yield run
+
+
+@pytest.mark.server
+def test_a_second_launch_on_the_same_gateway_port_refuses_naming_it(launch):
+    t0 = time.monotonic()
+    with LauncherRun(gateway_port=launch.gateway_port) as second:
+        code = second.proc.wait(60)
+        assert code == 1, second.output
+        assert f"port {launch.gateway_port} (gateway) on 127.0.0.1 is already in use" in second.output
+        assert "rose: serving" not in second.output and not second.processes()
+    assert time.monotonic() - t0 < 30                         # refused before any model loaded
+    assert embeds(launch)                                     # the first one is untouched
+
+
+@pytest.mark.server
+def test_a_killed_gateway_is_started_again_and_serves(launch):
+    assert embeds(launch)
+    old = gateway_pid(launch)
+    seen = len(launch.lines)
+    os.kill(old, signal.SIGKILL)
+    assert launch.wait_for("starting it again (restart 1 of 3 within 60 s)", 30, after=seen), launch.output
+    assert launch.wait_for("the gateway serves again", 60, after=seen), launch.output
+    assert gateway_pid(launch) != old and embeds(launch)
+    assert launch.proc.poll() is None
+
+
+@pytest.mark.server
+def test_another_listener_on_the_gateway_port_stops_the_launch(launch):
+    """The gateway's workers share their port through SO_REUSEPORT, so a second process that sets it
+    can bind the port too and take some of its connections: the launch stops rather than let it."""
+    seen = len(launch.lines)
+    with socket.socket() as intruder:
+        intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        intruder.bind(("127.0.0.1", launch.gateway_port))
+        intruder.listen()
+        code = launch.proc.wait(60)
+    assert code == 1, launch.output
+    assert f"another process now also listens on port {launch.gateway_port} (gateway)" in "".join(launch.lines[seen:])
+    procs, segs = leftovers.wait_gone([launch.prefix], 10.0)
+    assert not procs and not segs, (procs, segs)
+
+
+@pytest.mark.server
+def test_a_gateway_that_keeps_dying_stops_everything():
+    with LauncherRun() as run:
+        assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output
+        for i in range(1, 4):
+            seen = len(run.lines)
+            os.kill(gateway_pid(run), signal.SIGKILL)
+            assert run.wait_for(f"(restart {i} of 3 within 60 s)", 30, after=seen), run.output
+            assert run.wait_for("the gateway serves again", 60, after=seen), run.output
+        os.kill(gateway_pid(run), signal.SIGKILL)
+        code = run.proc.wait(60)
+        assert code == 1, run.output
+        assert "4 exits within 60 s; stopping" in run.output
+        procs, segs = leftovers.wait_gone([run.prefix], 10.0)
+        assert not procs and not segs, (procs, segs)

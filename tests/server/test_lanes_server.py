@@ -1,0 +1,118 @@
+"""The lanes through a real tritonserver (CPU, gRPC streams): the request parameter `lane` on `rose`
+and through the `embed` and `rerank` ensembles, which forward request parameters to their steps;
+a query overtakes bulk work queued before it; the per-lane metrics."""
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from rose_client.transport import ServerError, StreamConnection
+
+pytestmark = pytest.mark.server
+
+LANE_ERROR = r"request parameter 'lane' must be one of interactive, bulk, got 'fast'"
+
+
+def ids_request(seed: int, n: int, length: int):
+    rng = np.random.default_rng(seed)
+    return [("INPUT_IDS", rng.integers(1000, 30000, size=n * length).astype(np.int32)),
+            ("SEQ_LENS", np.full(n, length, np.int32))]
+
+
+def metrics(srv) -> dict[str, float]:
+    """{'name{labels}': value} of the metrics port's rose series."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.metrics}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("rose_")}
+
+
+def lane_value(srv, name: str, lane: str, model: str = "rose", le: str | None = None) -> float:
+    want = {"lane": lane, "model": model, **({"le": le} if le else {})}
+    for key, value in metrics(srv).items():
+        base, _, labels = key.partition("{")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if base == name and all(found.get(k) == v for k, v in want.items()):
+            return value
+    return 0.0
+
+
+@pytest.mark.parametrize("lane,n,overtakes", [
+    ("bulk", 32, True),              # named bulk: the query goes first
+    (None, 72, True),                # 9216 tokens > bulk_threshold_tokens (8192): bulk by size
+    ("interactive", 32, False)])     # one lane: first come, first served
+def test_a_query_overtakes_bulk_queued_before_it(server, lane, n, overtakes):
+    big_conn, q_conn = StreamConnection(server.grpc_url), StreamConnection(server.grpc_url)
+    finished: dict[str, float] = {}
+    try:
+        big_inputs, q_inputs = ids_request(n, n, 128), ids_request(1, 1, 16)
+        big = big_conn.infer("rose", big_inputs, parameters={"lane": lane} if lane else None)
+        big.add_done_callback(lambda f: finished.setdefault("big", time.monotonic()))
+        time.sleep(0.1)                                      # the big request is admitted first
+        q = q_conn.infer("rose", q_inputs)
+        q.add_done_callback(lambda f: finished.setdefault("query", time.monotonic()))
+        big_emb, q_emb = big.result(300)["EMBEDDINGS"], q.result(300)["EMBEDDINGS"]
+        if overtakes:      # answered batches before the big request (it takes 8 or more batches of 512)
+            assert finished["query"] < finished["big"] - 0.1, finished
+        else:              # behind the big request: in its last batch at the earliest
+            assert finished["query"] > finished["big"] - 0.05, finished
+        # nothing lost or reordered: the same rows as the requests sent alone, without a lane
+        np.testing.assert_allclose(big_emb, big_conn.infer("rose", big_inputs).result(300)["EMBEDDINGS"], atol=1e-5)
+        np.testing.assert_allclose(q_emb, q_conn.infer("rose", q_inputs).result(60)["EMBEDDINGS"], atol=1e-5)
+        assert big_emb.shape == (n, 384)
+    finally:
+        big_conn.close()
+        q_conn.close()
+
+
+def test_embed_forwards_the_lane_and_the_metrics_count_it(server):
+    conn = StreamConnection(server.grpc_url)
+    try:
+        time.sleep(1.5)                                       # each series refreshed once a second
+        before = lane_value(server, "rose_lane_batches_total", "bulk")
+        waits_before = lane_value(server, "rose_lane_wait_seconds_count", "bulk")
+        texts = [f"document number {i} about roses and servers" for i in range(20)]
+        plain = conn.infer("embed", [("TEXT", texts)]).result(120)["EMBEDDINGS"]
+        bulk = conn.infer("embed", [("TEXT", texts)], parameters={"lane": "bulk"}).result(120)["EMBEDDINGS"]
+        np.testing.assert_allclose(bulk, plain, atol=1e-5)
+        with pytest.raises(ServerError, match=LANE_ERROR):
+            conn.infer("embed", [("TEXT", texts)], parameters={"lane": "fast"}).result(60)
+        with pytest.raises(ServerError, match=LANE_ERROR):
+            conn.infer("rose", ids_request(2, 1, 8), parameters={"lane": "fast"}).result(60)
+        assert conn.infer("embed", [("TEXT", ["still serving"])]).result(60)["EMBEDDINGS"].shape == (1, 384)
+        time.sleep(2.5)
+        assert lane_value(server, "rose_lane_batches_total", "bulk") >= before + 1
+        assert lane_value(server, "rose_lane_wait_seconds_count", "bulk") == waits_before + 1
+        assert lane_value(server, "rose_lane_wait_seconds_bucket", "bulk", le="+Inf") == waits_before + 1
+        assert lane_value(server, "rose_lane_wait_seconds_count", "interactive") >= 2
+        assert lane_value(server, "rose_lane_queue_tokens", "bulk") == 0
+        assert "rose_lane_queue_tokens{" in " ".join(metrics(server))
+    finally:
+        conn.close()
+
+
+def test_rerank_forwards_the_lane(tmp_path):
+    from support.server import running_server
+    from rose_testing.reranker_folders import words, write_reranker_folder
+    folder = write_reranker_folder("tiny-xlmr-ce", tmp_path / "model")
+    rng = np.random.default_rng(3)
+    query, docs = words(rng, 5), [words(rng, k) for k in (3, 40, 12, 7)]
+    inputs = [("QUERY", [query]), ("DOCUMENTS", docs)]
+    with running_server(str(folder), name="lanes-rerank") as srv:
+        conn = StreamConnection(srv.grpc_url)
+        try:
+            plain = conn.infer("rerank", inputs).result(120)["SCORES"]
+            bulk = conn.infer("rerank", inputs, parameters={"lane": "bulk"}).result(120)["SCORES"]
+            np.testing.assert_allclose(bulk, plain, atol=1e-6)
+            with pytest.raises(ServerError, match=LANE_ERROR):
+                conn.infer("rerank", inputs, parameters={"lane": "fast"}).result(60)
+            np.testing.assert_allclose(conn.infer("rerank", inputs).result(60)["SCORES"], plain, atol=1e-6)
+            deadline = time.monotonic() + 10
+            while lane_value(srv, "rose_lane_batches_total", "bulk") < 1 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert lane_value(srv, "rose_lane_batches_total", "bulk") == 1
+        finally:
+            conn.close()

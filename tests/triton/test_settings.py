@@ -1,0 +1,107 @@
+"""The served models' parameters: one settings object each (rose_backend.triton.model_settings) whose
+defaults are the ones config.pbtxt and the docstring state, and whose bad values are refused with
+an error naming the model and the parameter."""
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.triton.model_settings import RoseSettings, TokenizeSettings
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+PARAM = re.compile(r'parameters \{ key: "([^"]+)" value: \{ string_value: "((?:[^"\\]|\\.)*)" \} \}')
+
+
+def _shown(value) -> str:
+    return '""' if value == "" else str(value)
+
+
+@pytest.mark.parametrize("cls,model", [(RoseSettings, "rose"), (TokenizeSettings, "tokenize")])
+def test_config_pbtxt_and_docstring_state_the_code_defaults(cls, model):
+    pbtxt = dict(PARAM.findall((REPO / model / "config.pbtxt").read_text()))
+    assert pbtxt, "no parameters found in config.pbtxt"
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for key, value in pbtxt.items():
+        assert key in defaults, f"{model}/config.pbtxt sets {key!r}, which {cls.__name__} does not know"
+        value = value.replace('\\"', '"')             # pbtxt escapes quotes
+        assert value == str(defaults[key]), (key, value, defaults[key])
+        pbtxt[key] = value
+    assert cls.from_values(pbtxt) is not None          # the shipped file parses
+    doc = inspect.getdoc(cls)
+    for name, default in defaults.items():
+        line = next((ln for ln in doc.splitlines() if ln.split()[:1] == [name]), None)
+        assert line is not None, f"{cls.__name__}'s docstring does not describe {name!r}"
+        block = doc[doc.index(line):]
+        block = block[:next((m.start() for m in re.finditer(r"\n\S", block[1:])), len(block)) + 1]
+        assert f"(default {_shown(default)}" in " ".join(block.split()), (name, default, block)
+
+
+def test_embedding_service_defaults_are_the_settings():
+    """The serving core knows nothing of config.pbtxt: its defaults are written beside its code, and
+    must be the `rose` parameters' own."""
+    sig = inspect.signature(EmbeddingService.__init__).parameters
+    for name in ("max_batch_tokens", "max_batch_seqs", "max_inflight", "max_queued_tokens", "response_threads",
+                 "host_memory_trim"):
+        assert sig[name].default == getattr(RoseSettings(), name), name
+    lanes = sig["lane_settings"].default
+    for f in dataclasses.fields(lanes):
+        assert getattr(lanes, f.name) == getattr(RoseSettings(), f.name), f.name
+
+
+def test_parses_types_and_keeps_defaults_for_empty_values():
+    s = RoseSettings.from_model_config({"name": "rose", "parameters": {
+        "max_batch_tokens": {"string_value": "512"}, "device": {"string_value": ""},
+        "precapture": {"string_value": "1:128, 8:4096"}, "dtype": {"string_value": "bf16"}}})
+    assert (s.max_batch_tokens, s.device, s.precapture_configs, s.torch_dtype_name) == (
+        512, "auto", [(1, 128), (8, 4096)], "bfloat16")
+    t = TokenizeSettings.from_values({"prompts": '{"query": "query: "}', "max_request_texts": "7"})
+    assert t.prompt_map == {"query": "query: "} and t.max_request_texts == 7
+
+
+@pytest.mark.parametrize("cls,values,message", [
+    (RoseSettings, {"max_batch_tokenz": "1"}, r"model 'rose': unknown parameter\(s\) 'max_batch_tokenz'"),
+    (RoseSettings, {"max_batch_tokens": "lots"}, r"'max_batch_tokens' must be an integer, got 'lots'"),
+    (RoseSettings, {"max_batch_seqs": "0"}, r"'max_batch_seqs' must be >= 1, got 0"),
+    (RoseSettings, {"device": "gpu"}, r"'device' must be auto, cpu or cuda, got 'gpu'"),
+    (RoseSettings, {"dtype": "int8"}, r"'dtype' must be one of"),
+    (RoseSettings, {"precapture": "1x128"}, r"'precapture' takes seqs:tokens pairs"),
+    (TokenizeSettings, {"prompts": '["query"]'}, r"'prompts' must be a JSON object"),
+    (TokenizeSettings, {"fallback_prompts": '{"query": 1}'}, r"'fallback_prompts' must be a JSON object"),
+    (RoseSettings, {"dtype": "fp8", "fp8_min_tokens": "0"}, r"'fp8_min_tokens' must be >= 1, got 0"),
+    (TokenizeSettings, {"max_request_texts": "0"}, r"model 'tokenize': parameter 'max_request_texts' must be >= 1"),
+])
+def test_bad_values_are_refused_naming_the_parameter(cls, values, message):
+    with pytest.raises(ValueError, match=message):
+        cls.from_values(values)
+
+
+def test_config_pbtxt_is_edited_as_triton_reads_it(tmp_path):
+    """edit_model_config (every repository copy's writer): parameters replaced or added and read back
+    by the settings, a value with quotes and backslashes exactly as given, the model renamed and an
+    ensemble's steps pointed at other models."""
+    import shutil
+
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY
+    from rose_backend.triton.model_settings import edit_model_config, model_config_file, read_model_config
+    rose = tmp_path / "rose.pbtxt"
+    shutil.copy(DEFAULT_REPOSITORY / "rose" / "config.pbtxt", rose)
+    edit_model_config(rose, name="rose_copy", parameters={"max_batch_tokens": "512", "dtype": "fp8"})
+    cfg = model_config_file(rose)
+    assert cfg["name"] == "rose_copy"
+    s = RoseSettings.from_model_config(cfg)
+    assert (s.max_batch_tokens, s.dtype) == (512, "fp8")
+    tokenize = tmp_path / "tokenize.pbtxt"
+    shutil.copy(DEFAULT_REPOSITORY / "tokenize" / "config.pbtxt", tokenize)
+    prompts = '{"query": "say \\"hi\\": ", "doc": "C:\\\\x"}'
+    edit_model_config(tokenize, parameters={"prompts": prompts})
+    assert TokenizeSettings.from_model_config(model_config_file(tokenize)).prompt_map == {
+        "query": 'say "hi": ', "doc": "C:\\x"}
+    embed = tmp_path / "embed.pbtxt"
+    shutil.copy(DEFAULT_REPOSITORY / "embed" / "config.pbtxt", embed)
+    before = [s.model_name for s in read_model_config(embed).ensemble_scheduling.step]
+    edit_model_config(embed, step_models={"rose": "rerank_rose"})
+    after = [s.model_name for s in read_model_config(embed).ensemble_scheduling.step]
+    assert after == ["rerank_rose" if m == "rose" else m for m in before] and "rose" in before
