@@ -15,7 +15,7 @@ SUBCOMMANDS = {
     "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail", "tokenizers": "tokenizers_bench",
     "lanes": "lanes", "http": "http", "gateway": "gateway", "tokenize": "tokenize_stage",
     "readiness": "readiness", "soak": "soak", "retrieval": "retrieval", "outputs": "outputs",
-    "rerank": "rerank", "stub-probe": "stub_probe",
+    "rerank": "rerank", "stub-probe": "stub_probe", "fp8-accuracy": "fp8_accuracy",
 }
 
 

@@ -31,7 +31,7 @@ from rose_testing import folders
 from rose_testing.compare import cos_dist
 from rose_testing.reference import Reference
 from rose_bench import published, workloads
-from rose_bench.modes import (GATE_MAX_COS_DIST, MODES, NAIVE_TEXT_SKIPPED, SYSTEM_MODELS, TEXT_MODEL,
+from rose_bench.modes import (FP8_GATE_MAX_COS_DIST, GATE_MAX_COS_DIST, MODES, NAIVE_TEXT_SKIPPED, SYSTEM_MODELS, TEXT_MODEL,
                               TOKEN_MODEL)
 from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, repo_root, save_json, tail
 
@@ -48,7 +48,10 @@ class Bench:
         self.work.mkdir(parents=True, exist_ok=True)
         self.t_start = time.monotonic()
         self.deadline = self.t_start + args.budget_s if args.budget_s else None
-        self.json_path = self.out / f"bench_{self.model}.json"
+        self.label = args.label or self.model          # the JSON's `model` (e.g. bge-m3-fp8 under dtype=fp8)
+        self.json_path = self.out / f"bench_{self.label}.json"
+        fp8 = any(kv.replace(" ", "") == "dtype=fp8" for kv in args.rose_param)
+        self.gate_limit = FP8_GATE_MAX_COS_DIST if fp8 else GATE_MAX_COS_DIST
         self.result: dict = {}
 
     # -- bookkeeping -------------------------------------------------------------------------------
@@ -67,7 +70,7 @@ class Bench:
         config, pooling, normalize, _ = folders.SHAPES[self.model]
         self.vocab = config["vocab_size"]
         self.result = {
-            "schema": "rose-bench/1", "model": self.model,
+            "schema": "rose-bench/1", "model": self.label, "shape_name": self.model,
             "model_title": published.MODEL_TITLES.get(self.model, self.model),
             "mode": self.mode, "counts": counts_json(self.m),
             "command": "python -m rose_bench e2e " + " ".join(sys.argv[1:]),
@@ -76,7 +79,7 @@ class Bench:
             "host": host_info(device),
             "shape": {**config, "pooling": pooling, "normalize": normalize},
             "weights": "random (seed 0), rounded to bf16; servers run bf16 on GPU, float32 on CPU",
-            "gate": {"max_cos_dist": GATE_MAX_COS_DIST, "reference": "HF transformers AutoModel, float32, "
+            "gate": {"max_cos_dist": self.gate_limit, "reference": "HF transformers AutoModel, float32, "
                      "eager attention, one sequence at a time, unpadded"},
             "published": published.as_json(self.model),
             "systems": {},
@@ -203,12 +206,12 @@ class Bench:
         if text_out is None:
             res["text_skipped"] = NAIVE_TEXT_SKIPPED
         worst = float(max(d_together.max(), d_alone.max(), d_text.max(initial=0.0)))
-        res["gate"] = {"passed": bool(worst <= GATE_MAX_COS_DIST and np.isfinite(worst)),
+        res["gate"] = {"passed": bool(worst <= self.gate_limit and np.isfinite(worst)),
                        "max_cos_dist": worst,
                        "one_request": [float(x) for x in d_together], "one_per_request": [float(x) for x in d_alone],
                        "texts": [float(x) for x in d_text]}
         log(f"{system}: gate {'PASSED' if res['gate']['passed'] else 'FAILED'}: max 1-cos {worst:.2e} "
-            f"(limit {GATE_MAX_COS_DIST:g}); first response {res['startup']['first_response_s']} s after launch")
+            f"(limit {self.gate_limit:g}); first response {res['startup']['first_response_s']} s after launch")
 
     @staticmethod
     def text_model(system: str) -> str | None:
@@ -316,6 +319,8 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default="/tmp/rose-bench", help="model folder, repositories, server logs")
     p.add_argument("--folder", default=None, help="use this model folder instead of writing one")
     p.add_argument("--systems", default="rose,naive")
+    p.add_argument("--label", default=None, help="the JSON's model name and file (default: the shape's; "
+                   "e.g. bge-m3-fp8 with --rose-param dtype=fp8, whose gate is the fp8 one)")
     p.add_argument("--device", default="auto", help="where the folder's weights and the reference are made")
     p.add_argument("--baseline-repository", default=None)
     p.add_argument("--workloads", default="online,scoring,throughput,concurrency",

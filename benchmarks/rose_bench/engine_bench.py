@@ -1,4 +1,4 @@
-"""Engine measurements on the GPU, BGE-M3 shape (random weights, bf16):
+"""Engine measurements on the GPU, BGE-M3 shape by default (--shape pplx-embed; random weights, bf16):
 
   startup      seconds from Engine() to ready (weights, backends), and to the first result
   per config   first request (eager) and second (capture + replay) wall ms; device time per forward,
@@ -111,7 +111,8 @@ def count_kernels(eng, s, n):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/engine_bench.json")
-    ap.add_argument("--model-dir", default="/tmp/rose-gpu/bge-m3-random")
+    ap.add_argument("--shape", default="bge-m3", help="the random-weight folder's shape: bge-m3 | pplx-embed")
+    ap.add_argument("--model-dir", default=None, help="where that folder is written (default /tmp/rose-gpu/<shape>-random)")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--check", action="store_true", help="compare each configuration with unpadded eager")
     ap.add_argument("--unfused", action="store_true", help="also time the unfused add/LN/GELU variant")
@@ -120,7 +121,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
-    cfg = ModelConfig.from_folder(make_folder("bge-m3", args.model_dir, device="cuda"))
+    res["shape"] = args.shape
+    cfg = ModelConfig.from_folder(make_folder(args.shape, args.model_dir or f"/tmp/rose-gpu/{args.shape}-random",
+                                              device="cuda"))
     free0 = torch.cuda.mem_get_info()[0]
     t0 = time.perf_counter()
     eng = Engine(cfg, "cuda", max_tokens=65536, max_seqs=128)
