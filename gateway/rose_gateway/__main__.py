@@ -54,14 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     if worker is None:
         print(f"rose gateway: http://{s.host}:{s.port}/v1/embeddings -> {','.join(s.triton_urls)} "
               f"(at most {limits.max_connections} connections)", flush=True)
-    # uvloop and httptools (the `gateway` extra pins them) under protocol.py's limits, which answer in
-    # OpenAI's JSON where uvicorn's own (limit_concurrency, its 400s) answer plain text; no WebSocket
+    # uvloop (loop="auto": uvloop when importable) and httptools (the `gateway` extra pins both) under
+    # protocol.py's limits, which answer in OpenAI's JSON where uvicorn's own (limit_concurrency, its
+    # 400s) answer plain text; POST /v1/embeddings past the app (app.state.direct); no WebSocket
     # upgrades; access log off: it costs more than the gateway's own work per request; no proxy-header
     # rewriting of the client's address (nothing here reads it; it parsed an IP address per request)
     config = uvicorn.Config(app, host=s.host, port=s.port, log_level=log_level, access_log=False, ws="none",
                             proxy_headers=False,
-                            http=protocol_class(limits, metrics.refused), timeout_keep_alive=s.keep_alive,
-                            timeout_graceful_shutdown=s.drain_timeout)
+                            http=protocol_class(limits, metrics.refused, app.state.direct),
+                            timeout_keep_alive=s.keep_alive, timeout_graceful_shutdown=s.drain_timeout)
     server = _Server(config)
     # a worker binds its own SO_REUSEPORT socket now; uvicorn listens on it once the app has started
     sockets = [reuseport_socket(s.host, s.port)] if worker is not None else None

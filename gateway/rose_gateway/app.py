@@ -2,6 +2,11 @@
 (endpoint.py: what every route shares; protocol.py: the HTTP connections' own limits).
 
     app = create_app(GatewaySettings(["127.0.0.1:8001"]))      # then served by uvicorn (__main__.py)
+    app.state.direct                                           # POST /v1/embeddings without the app
+
+POST /v1/embeddings is the hot path: the connection hands it to app.state.direct (direct.py), which
+reads the body, calls Gateway.embed_raw and writes the answer, past Starlette; every other route
+(and embeddings under any other server) is the Starlette app's.
 
 Texts are tokenized here, once each (tokens.py: rose_ensemble's tokenizer under the deployment's
 `tokenize` settings), and their ids go straight to `rose` over gRPC streams (rose_client's
@@ -21,7 +26,6 @@ import os
 import time
 
 import numpy as np
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -29,8 +33,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rose_client import AsyncEmbeddingClient
-from rose_gateway.embeddings import check_dimensions, cut_dimensions, embedding_response, parse_embedding_request
-from rose_gateway.endpoint import endpoint
+from rose_gateway import calls
+from rose_gateway.embeddings import (check_dimensions, cut_dimensions, embedding_response, loads,
+                                     parse_embedding_request)
+from rose_gateway.endpoint import direct_endpoint, endpoint
 from rose_gateway.errors import ApiError, bad_request, from_triton, too_large, unavailable
 from rose_gateway.metrics import GatewayMetrics
 from rose_gateway.rerank import Reranker, parse_rerank_request, rerank_response
@@ -91,10 +97,7 @@ class Gateway:
             if size > limit:
                 raise too_large(None, f"the request body is over the limit of {limit} bytes")
             chunks.append(chunk)
-        try:
-            return orjson.loads(b"".join(chunks))
-        except orjson.JSONDecodeError as e:
-            raise bad_request("body", f"the request body is not valid JSON ({e})") from None
+        return loads(b"".join(chunks))
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.accepted_names:
@@ -103,7 +106,14 @@ class Gateway:
 
     # ------------------------------------------------------------------------- endpoints
     async def embeddings(self, request: Request) -> Response:
-        req = parse_embedding_request(await self.read_json(request), self.settings.max_inputs)
+        return Response(await self.embed(await self.read_json(request)), media_type="application/json")
+
+    async def embed_raw(self, raw: bytes) -> bytes:
+        """POST /v1/embeddings served without the app (direct.py): the body's bytes -> the answer's."""
+        return await self.embed(loads(raw))
+
+    async def embed(self, body: object) -> bytes:
+        req = parse_embedding_request(body, self.settings.max_inputs)
         self.check_model(req.model)
         truncated = None
         if req.texts is None:                        # token ids: Matryoshka cut here (see embeddings.py)
@@ -112,10 +122,11 @@ class Gateway:
             truncated = np.fromiter((len(t) > self.model.max_seq_length for t in req.token_lists), bool)
             tokens = sum(len(t) for t in token_lists)
             self.check_work(tokens)
-            emb = await self._call(self.client.embed_tokens(token_lists, lane=req.lane))
+            emb = await self._call(calls.tokens(self.client, token_lists, lane=req.lane))
             emb = cut_dimensions(emb, req.dimensions, self.model.normalizes)
         else:
-            await self._learn_server_settings()
+            if not self.model.server_answered:
+                await self._learn_server_settings()
             if req.late_chunking:
                 emb, tokens = await self._late_chunks(req)
             else:
@@ -124,14 +135,12 @@ class Gateway:
                 self.check_work(tokens)
                 truncated = toks.truncated
                 if self.model.server_settings_known:     # the ids straight to `rose`
-                    emb = await self._call(self.client.embed_ragged(toks.ids, toks.lens, dimensions=req.dimensions,
-                                                                    lane=req.lane))
+                    emb = await self._call(calls.ragged(self.client, toks.ids, toks.lens, req.dimensions, req.lane))
                 else:                                    # the deployment's prompts are not known here yet
                     emb = await self._call(self._embed_texts(req))
         self.metrics.inputs.inc(req.count)
         self.metrics.tokens.inc(tokens)
-        return Response(embedding_response(emb, req.encoding_format, self.name, tokens, truncated),
-                        media_type="application/json")
+        return embedding_response(emb, req.encoding_format, self.name, tokens, truncated)
 
     async def _call(self, work):
         """Await a rose_client call; its failures as the gateway's errors. A cancelled handler (the
@@ -246,4 +255,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=gw.lifespan, exception_handlers={HTTPException: _http_error})
     app.state.gateway = gw
+    # what the connections serve POST /v1/embeddings with, without the app (protocol.py, direct.py)
+    app.state.direct = direct_endpoint("embeddings", gw.embed_raw, gw.metrics, settings.api_key,
+                                       settings.max_body_bytes, settings.retry_after)
     return app

@@ -54,6 +54,14 @@ class EmbeddingRequest:
         return len(self.texts if self.texts is not None else self.token_lists)
 
 
+def loads(raw: bytes) -> object:
+    """A request body's JSON; 400 naming the body when it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise bad_request("body", f"the request body is not valid JSON ({e})") from None
+
+
 def parse_embedding_request(body: object, max_inputs: int) -> EmbeddingRequest:
     if not isinstance(body, dict):
         raise bad_request("body", "the request body must be a JSON object")

@@ -6,7 +6,7 @@ the gateway's: no traceback, no 500, counted as status 499. While a handler wait
 connection (protocol.py) calls back when its client disconnects: the handler's task is cancelled,
 which cancels the request's calls to Triton (rose_client stops sending its chunks and cancels its
 streams). A handler cancelled because the gateway is stopping (its drain timeout ran out)
-answers 503.
+answers 503. direct_endpoint() is the same for POST /v1/embeddings served without the app (direct.py).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import time
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from rose_gateway.direct import JSON, ClientGone
 from rose_gateway.errors import ApiError
 from rose_gateway.metrics import GatewayMetrics
 from rose_gateway.protocol import ANSWERED, DISCONNECT
@@ -45,26 +46,21 @@ def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth:
             callbacks.append(client_gone)
         try:
             if auth and key is not None:
-                check_key(request, key)
+                check_key(request.headers.get("authorization"), key)
             if json_body:
-                check_json(request)
+                check_json(request.headers.get("content-type"))
             response = await handler(request)
         except ApiError as e:
             response = e.response()
-            if e.status >= 500 or e.code == "server_refused":
-                log.warning("%s: %d %s", name, e.status, e.message)
+            log_refusal(name, e)
         except ClientDisconnect:
             response = Response(status_code=GONE)
         except asyncio.CancelledError:
             task.uncancel()
-            if gone:
-                response = Response(status_code=GONE)
-            else:                                     # the gateway is stopping and its drain time is over
-                response = ApiError(503, "the gateway is shutting down; retry later", code="service_unavailable",
-                                    retry_after=retry_after).response()
+            response = Response(status_code=GONE) if gone else stopping(retry_after).response()
         except Exception:
             log.exception("%s failed", name)
-            response = ApiError(500, "internal error in the gateway (see its log)", code="internal_error").response()
+            response = INTERNAL.response()
         finally:
             if callbacks is not None and client_gone in callbacks:
                 callbacks.remove(client_gone)
@@ -74,17 +70,84 @@ def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth:
     return run
 
 
-def check_key(request: Request, key: str) -> None:
-    auth = request.headers.get("authorization", "")
+def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, max_body_bytes: int,
+                    retry_after: int = 1):
+    """endpoint() for a DirectCycle (direct.py): the same checks, answers and metrics, on the
+    connection's own header list. handler: async (raw body bytes) -> JSON body bytes."""
+
+    async def run(cycle) -> tuple[int, bytes, list]:
+        t0 = time.perf_counter()
+        task = asyncio.current_task()
+        gone = []
+        callbacks = cycle.scope.get(DISCONNECT)
+
+        def client_gone():
+            gone.append(True)
+            task.cancel()
+
+        if callbacks is not None:
+            callbacks.append(client_gone)
+        status, headers = 200, []
+        try:
+            if key is not None:
+                auth = cycle.header(b"authorization")
+                check_key(None if auth is None else auth.decode("latin-1"), key)
+            ctype = cycle.header(b"content-type")
+            if ctype != JSON:
+                check_json(None if ctype is None else ctype.decode("latin-1"))
+            body = await handler(await cycle.read_body(max_body_bytes))
+        except ApiError as e:
+            status, body = e.status, e.body()
+            if e.retry_after is not None:
+                headers = [(b"retry-after", str(e.retry_after).encode("ascii"))]
+            log_refusal(name, e)
+        except ClientGone:
+            status, body = GONE, b""
+        except asyncio.CancelledError:
+            task.uncancel()
+            if gone:
+                status, body = GONE, b""
+            else:
+                e = stopping(retry_after)
+                status, body, headers = e.status, e.body(), [(b"retry-after", str(retry_after).encode("ascii"))]
+        except Exception:
+            log.exception("%s failed", name)
+            status, body = INTERNAL.status, INTERNAL.body()
+        finally:
+            if callbacks is not None and client_gone in callbacks:
+                callbacks.remove(client_gone)
+        if ANSWERED not in cycle.scope:              # else the connection answered (408) and counted it
+            metrics.observe(name, status, time.perf_counter() - t0)
+        return status, body, headers
+    return run
+
+
+INTERNAL = ApiError(500, "internal error in the gateway (see its log)", code="internal_error")
+
+
+def stopping(retry_after: int) -> ApiError:
+    """The answer of a handler cancelled because the gateway is stopping (its drain time is over)."""
+    return ApiError(503, "the gateway is shutting down; retry later", code="service_unavailable",
+                    retry_after=retry_after)
+
+
+def log_refusal(name: str, e: ApiError) -> None:
+    if e.status >= 500 or e.code == "server_refused":
+        log.warning("%s: %d %s", name, e.status, e.message)
+
+
+def check_key(auth: str | None, key: str) -> None:
+    """`auth`: the request's Authorization header, if any."""
+    auth = auth or ""
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
         raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'" if auth else
                        "this gateway needs an API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
 
-def check_json(request: Request) -> None:
-    """415 naming the header unless the body is declared JSON (a cross-origin form post cannot be)."""
-    declared = request.headers.get("content-type")
+def check_json(declared: str | None) -> None:
+    """415 naming the header unless the body is declared JSON (a cross-origin form post cannot be).
+    `declared`: the request's Content-Type header, if any."""
     if declared is None or declared.split(";", 1)[0].strip().lower() != "application/json":
         got = "none" if declared is None else repr(declared if len(declared) <= 60 else declared[:57] + "...")
         raise ApiError(415, f"the request body must be sent with the header 'Content-Type: application/json' "

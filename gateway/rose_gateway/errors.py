@@ -37,10 +37,12 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.retry_after = retry_after
 
+    def body(self) -> bytes:
+        return json.dumps(error_body(self.status, self.message, self.param, self.code)).encode()
+
     def response(self) -> Response:
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-        return Response(json.dumps(error_body(self.status, self.message, self.param, self.code)), self.status,
-                        headers, media_type="application/json")
+        return Response(self.body(), self.status, headers, media_type="application/json")
 
 
 def raw_error_response(status: int, message: str, code: str, retry_after: int | None = None) -> bytes:

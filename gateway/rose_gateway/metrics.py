@@ -31,12 +31,19 @@ class GatewayMetrics:
                               registry=self.registry)
         self.tokens = Counter("rose_gateway_prompt_tokens", "Prompt tokens embedded (usage.prompt_tokens)",
                               registry=self.registry)
+        self._children: dict[tuple[str, int], tuple] = {}
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
-        self.requests.labels(endpoint, str(status)).inc()
-        if status >= 400:
-            self.errors.labels(endpoint, str(status)).inc()
-        self.latency.labels(endpoint).observe(seconds)
+        children = self._children.get((endpoint, status))
+        if children is None:                         # each (endpoint, status) looked up once
+            children = self._children[endpoint, status] = (
+                self.requests.labels(endpoint, str(status)),
+                self.errors.labels(endpoint, str(status)) if status >= 400 else None,
+                self.latency.labels(endpoint))
+        children[0].inc()
+        if children[1] is not None:
+            children[1].inc()
+        children[2].observe(seconds)
 
     def refused(self, status: int) -> None:
         self.observe("connection", status, 0.0)

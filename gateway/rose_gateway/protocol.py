@@ -15,10 +15,12 @@ seconds, so that the client sees the answer rather than a reset. Beyond the cap 
 more connections a new one is closed at once (a flood must not take the process's last file
 descriptors). A client that goes away while its request is being served has the callbacks in its
 scope's DISCONNECT list called (app.py cancels the request's work with them).
+POST /v1/embeddings (and /embeddings) goes to the `direct` handler without the ASGI app (direct.py).
 Costs per request: two timer handles and a few counters, no extra task.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from typing import Callable
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from rose_gateway.direct import DIRECT_PATHS, DirectCycle
 from rose_gateway.errors import raw_error_response
 
 log = logging.getLogger("rose_gateway")
@@ -79,6 +82,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     limits: ConnectionLimits
     admitted: int = 0
     on_refused: Callable[[int], None] = staticmethod(lambda status: None)
+    direct = None                   # the handler of POST /v1/embeddings (direct.py), or None: all via the app
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -190,7 +194,32 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._body_bytes, self._body_t0 = 0, self.loop.time()
         self._arm(self.limits.body_timeout, self._expired)
         self.scope[DISCONNECT] = []
-        super().on_headers_complete()
+        if self.direct is not None and self.url.partition(b"?")[0] in DIRECT_PATHS and \
+                self.parser.get_method() == b"POST":
+            self._start_direct()
+        else:
+            super().on_headers_complete()
+
+    def _start_direct(self) -> None:
+        """uvicorn's on_headers_complete for the direct path (direct.py): a DirectCycle, started now or
+        queued behind the connection's request in progress."""
+        version, scope = self.parser.get_http_version(), self.scope
+        raw_path, _, query = self.url.partition(b"?")
+        scope.update(method="POST", path=raw_path.decode("ascii"), raw_path=raw_path, query_string=query)
+        if version != "1.1":
+            scope["http_version"] = version
+        existing = self.cycle
+        self.cycle = DirectCycle(scope, self.transport, self.flow, self.logger, self.access_logger, False,
+                                 self.server_state.default_headers, asyncio.Event(), self.expect_100_continue,
+                                 version != "1.0", self.on_response_complete)
+        self.cycle.handler = self.direct
+        if existing is None or existing.response_complete:
+            task = self.loop.create_task(self.cycle.run_asgi(None))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+        else:                                        # pipelined: started by on_response_complete
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, None))
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -256,7 +285,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._timer = self.loop.call_later(LINGER, self.transport.close)
 
 
-def protocol_class(limits: ConnectionLimits, on_refused: Callable[[int], None]) -> type[LimitedHttpProtocol]:
-    """A LimitedHttpProtocol class of its own (its own connection count) for uvicorn.run(http=...)."""
+def protocol_class(limits: ConnectionLimits, on_refused: Callable[[int], None],
+                   direct=None) -> type[LimitedHttpProtocol]:
+    """A LimitedHttpProtocol class of its own (its own connection count) for uvicorn.run(http=...);
+    `direct`: the handler POST /v1/embeddings goes to without the app (direct.py)."""
     return type("GatewayHttpProtocol", (LimitedHttpProtocol,),
-                {"limits": limits, "admitted": 0, "on_refused": staticmethod(on_refused)})
+                {"limits": limits, "admitted": 0, "on_refused": staticmethod(on_refused),
+                 "direct": staticmethod(direct) if direct is not None else None})
