@@ -11,6 +11,7 @@
     python -m rose_bench lanes --model bge-m3              # queries beside a bulk load (--modelled-device: no GPU)
     python -m rose_bench http                              # the HTTP gateway beside gRPC embed and rose (perf_analyzer)
     python -m rose_bench gateway                           # the HTTP gateway's cost over rose_client's direct gRPC
+    python -m rose_bench gateway-cpu --baseline REV        # the gateway's own CPU per request, this tree and REV's
     python -m rose_bench tokenize                          # `tokenize` per request: in process and through tritonserver
     python -m rose_bench readiness                         # launch -> READY, each shape's first request vs its p50
     python -m rose_bench soak --minutes 8                  # many clients, mixed traffic and faults, then SIGTERM

@@ -13,7 +13,8 @@ SUBCOMMANDS = {
     "attention-sweep": "attention_sweep", "merge": "merge", "render-readme": "render_readme",
     "charts": "charts", "perf-inputs": "perf", "forward-profile": "forward_profile",
     "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail", "tokenizers": "tokenizers_bench",
-    "lanes": "lanes", "http": "http", "gateway": "gateway", "tokenize": "tokenize_stage",
+    "lanes": "lanes", "http": "http", "gateway": "gateway", "gateway-cpu": "gateway_cpu",
+    "tokenize": "tokenize_stage",
     "readiness": "readiness", "soak": "soak", "retrieval": "retrieval", "outputs": "outputs",
     "rerank": "rerank", "stub-probe": "stub_probe", "fp8-accuracy": "fp8_accuracy",
 }
