@@ -34,7 +34,8 @@ class AsyncEmbeddingClient:
                      dimensions: int | None = None, encoding: str = "float32", task: str | None = None,
                      lane: str | None = None) -> Encoded:
         ask = Ask(dense, sparse, colbert, dimensions, encoding)
-        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask, lane)
+        return await self._run(self.sync.text_model(ask), self.sync._text_chunks(texts, task, ask), len(texts), ask,
+                               lane)
 
     async def embed_tokens(self, token_lists: list[list[int]], dimensions: int | None = None,
                            encoding: str = "float32", lane: str | None = None) -> np.ndarray:
@@ -61,12 +62,13 @@ class AsyncEmbeddingClient:
                                 lane: str | None = None):
         """See EmbeddingClient.embed_late_chunks."""
         ask = LateChunksAsk(documents, counts)
-        return await self._run(self.sync.model, document_chunks(self.sync, documents, task, Chunk), ask.n_chunks,
-                               ask, lane)
+        return await self._run(self.sync.text_model(ask), document_chunks(self.sync, documents, task, Chunk),
+                               ask.n_chunks, ask, lane)
 
     async def embed_counted(self, texts: list[str], task: str | None = None, lane: str | None = None):
         """See EmbeddingClient.embed_counted."""
-        return await self._run(self.sync.model, self.sync._text_chunks(texts, task, Ask()), len(texts), CountedAsk(),
+        ask = CountedAsk()
+        return await self._run(self.sync.text_model(ask), self.sync._text_chunks(texts, task, Ask()), len(texts), ask,
                                lane)
 
     async def rerank(self, query: str, documents: list[str], top_k: int | None = None,

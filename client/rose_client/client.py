@@ -60,8 +60,9 @@ def parse_urls(urls: str | list[str]) -> list[str]:
 
 
 class EmbeddingClient:
-    """Client of the `embed` ensemble (texts), the `rose` model (token ids) and, for a reranker
-    deployment, the `rerank` ensemble (query + documents -> scores) over gRPC streams.
+    """Client of the `embed` ensemble (texts), the `encode` model (texts, when outputs beyond
+    EMBEDDINGS are asked for: sparse, ColBERT, token counts), the `rose` model (token ids) and, for a
+    reranker deployment, the `rerank` ensemble (query + documents -> scores) over gRPC streams.
 
     urls: "host:port,host:port" or a list (one per replica). token_budget: tokens per chunk
     (default 2048). max_chunk_seqs: sequences per chunk. max_inflight_tokens: tokens outstanding per
@@ -75,13 +76,13 @@ class EmbeddingClient:
     """
 
     def __init__(self, urls: str | list[str], model: str = "embed", token_model: str = "rose",
-                 rerank_model: str = "rerank", timeout: float = 300.0, token_budget: int = 2048, max_chunk_seqs: int = 512,
+                 rerank_model: str = "rerank", outputs_model: str = "encode", timeout: float = 300.0, token_budget: int = 2048, max_chunk_seqs: int = 512,
                  max_inflight_tokens: int = 32768, tokenizer: str | None = None,
                  max_text_tokens: int = 512, chunk_timeout: float = 120.0, retries: int = 4,
                  backoff: float = 0.1, max_backoff: float = 5.0, max_chunk_bytes: int = 16 << 20,
                  api_key: str | None = None, progress_timeout: float | None = None):
         self.urls = parse_urls(urls)
-        self.model, self.token_model = model, token_model
+        self.model, self.token_model, self.outputs_model = model, token_model, outputs_model
         self.timeout, self.progress_timeout = timeout, progress_timeout
         self.rerank_model = rerank_model
         self.token_budget, self.max_chunk_seqs = token_budget, max_chunk_seqs
@@ -116,7 +117,7 @@ class EmbeddingClient:
         .dense [n, D] (as embed), .sparse a {token id: weight} dict per input, .colbert a float32
         [tokens - 1, Dc] array per input. Chunked and balanced like embed."""
         ask = Ask(dense, sparse, colbert, dimensions, encoding)
-        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask, lane)
+        return self._run_sync(self.text_model(ask), self._text_chunks(texts, task, ask), len(texts), ask, lane)
 
     def embed_tokens(self, token_lists: list[list[int]], dimensions: int | None = None, encoding: str = "float32",
                      lane: str | None = None) -> np.ndarray:
@@ -150,13 +151,14 @@ class EmbeddingClient:
         chunking"). counts=True: a Counted with each chunk's own token counts as well. Documents are
         never split over requests; several go in one while they fit the token budget."""
         ask = LateChunksAsk(documents, counts)
-        return self._run_sync(self.model, document_chunks(self, documents, task, Chunk), ask.n_chunks, ask, lane)
+        return self._run_sync(self.text_model(ask), document_chunks(self, documents, task, Chunk), ask.n_chunks, ask,
+                              lane)
 
     def embed_counted(self, texts: list[str], task: str | None = None, lane: str | None = None) -> Counted:
         """embed() with each text's tokens before truncation (prompt and special tokens included) and
         whether it was cut: Counted(vectors [n, D], token_counts int32 [n], truncated bool [n])."""
         ask = CountedAsk()
-        return self._run_sync(self.model, self._text_chunks(texts, task, Ask()), len(texts), ask, lane)
+        return self._run_sync(self.text_model(ask), self._text_chunks(texts, task, Ask()), len(texts), ask, lane)
 
     def rerank(self, query: str, documents: list[str], top_k: int | None = None,
                return_documents: bool = False, instruction: str | None = None, lane: str | None = None):
@@ -201,6 +203,11 @@ class EmbeddingClient:
         self.close()
 
     # ----------------------------------------------------------------------------- chunking
+    def text_model(self, ask) -> str:
+        """The model for texts: `embed` (self.model) for EMBEDDINGS alone, else `encode`
+        (self.outputs_model), where named outputs are sent: the `embed` ensemble sends EMBEDDINGS only."""
+        return self.model if list(ask.outputs()) == ["EMBEDDINGS"] else self.outputs_model
+
     def _text_chunks(self, texts, task, ask: Ask = Ask()) -> list[Chunk]:
         if isinstance(texts, (str, bytes)):
             raise TypeError("embed() takes a list of texts; wrap a single text in a list")

@@ -29,9 +29,9 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Ask:
-    """One call's choice of outputs and options: the request's extra inputs, output names and
-    parameters. The request parameter "outputs" names the token-level outputs because the `embed`
-    ensemble cannot pass the requested output names on to `rose` (see the server's outputs.py)."""
+    """One call's choice of outputs and options: the request's extra inputs and output names (the
+    outputs beyond EMBEDDINGS go to the `encode` model, which sends what a request names: the
+    `embed` ensemble sends EMBEDDINGS only; EmbeddingClient.text_model)."""
     dense: bool = True
     sparse: bool = False
     colbert: bool = False
@@ -64,9 +64,7 @@ class Ask:
                 + (list(COLBERT) if self.colbert else []))
 
     def parameters(self) -> dict[str, str] | None:
-        if self.plain:
-            return None
-        return {"outputs": ",".join(k for k, on in (("sparse", self.sparse), ("colbert", self.colbert)) if on)}
+        return None                                  # the output names say it all
 
     def check(self, result: dict[str, np.ndarray], rows: int, where: str) -> None:
         """A chunk's answer holds what was asked for, one row / length per input."""

@@ -1,4 +1,5 @@
-"""Late chunking and token counts on the client side: requests of the `embed` ensemble and their answers.
+"""Late chunking and token counts on the client side: requests of the `embed` ensemble (vectors
+only) or of the `encode` model (with TOKEN_COUNTS and TRUNCATED, which it sends by name) and their answers.
 
     vectors = embed_late_chunks(conn, [["Paris is the capital. ", "It lies on the Seine."], ["One chunk."]])
     # one float32 [n_chunks, D] array per document, its chunks' vectors in order
@@ -56,8 +57,8 @@ class CountedAsk:
     def outputs(self) -> list[str]:
         return ["EMBEDDINGS", *COUNTS]
 
-    def parameters(self) -> dict[str, str]:
-        return {"outputs": "token_counts,truncated"}          # the ensemble shows rose no output names
+    def parameters(self) -> None:
+        return None                                  # the output names say it all (`encode`)
 
     def check(self, result: dict, rows: int, where: str) -> None:
         _check(result, rows, where, True)
@@ -83,8 +84,8 @@ class LateChunksAsk:
     def outputs(self) -> list[str]:
         return ["EMBEDDINGS", *(COUNTS if self.counts else ())]
 
-    def parameters(self) -> dict[str, str] | None:
-        return {"outputs": "token_counts,truncated"} if self.counts else None
+    def parameters(self) -> None:
+        return None                                  # the output names say it all (`encode` with counts)
 
     def check(self, result: dict, rows: int, where: str) -> None:
         _check(result, rows, where, self.counts)
@@ -125,18 +126,20 @@ def document_chunks(client, documents: list[list[str]], task: str | None, chunk_
     return [chunk_cls(first[s], first[e], sum(costs[s:e]), document_inputs(documents[s:e], task)) for s, e in ranges]
 
 
-def embed_late_chunks(conn, documents, task: str | None = None, counts: bool = False, model: str = "embed",
+def embed_late_chunks(conn, documents, task: str | None = None, counts: bool = False, model: str | None = None,
                       timeout: float | None = 300.0) -> list[np.ndarray] | Counted:
     """One request over `conn` (see the module docstring): per document its chunks' vectors, and
-    with counts=True each chunk's own tokens and TRUNCATED (false: long documents run in windows)."""
+    with counts=True each chunk's own tokens and TRUNCATED (false: long documents run in windows).
+    model None: `encode` with counts, else `embed`."""
     documents = check_documents(documents)
     ask = LateChunksAsk(documents, counts)
+    model = model or ("encode" if counts else "embed")
     result = conn.infer(model, document_inputs(documents, task), ask.outputs(), ask.parameters()).result(timeout)
     ask.check(result, ask.n_chunks, model)
     return ask.assemble([result], None)
 
 
-def embed_counted(conn, texts: list[str], task: str | None = None, model: str = "embed",
+def embed_counted(conn, texts: list[str], task: str | None = None, model: str = "encode",
                   timeout: float | None = 300.0) -> Counted:
     """One request over `conn`: EMBEDDINGS [n, D] with each text's tokens before truncation
     (prompt and special tokens included) and whether it was cut."""

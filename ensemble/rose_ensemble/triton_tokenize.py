@@ -11,8 +11,9 @@ Triton hands a model one request per execute() call whatever its batcher (max_ba
 a decoupled model cannot answer HTTP or unary gRPC calls, hence two models over the same code. Its
 parameters are `tokenize`'s (read from ../tokenize/config.pbtxt: one place for prompts and limits).
 
-Optional outputs TOKEN_COUNTS / TRUNCATED and late chunking (DOC_CHUNKS in, TOKEN_CHUNKS out):
-text_requests.py and late_chunks.py.
+Optional outputs TOKEN_COUNTS / TRUNCATED of `tokenize` (when named) and late chunking (DOC_CHUNKS
+in, TOKEN_CHUNKS out): text_requests.py and late_chunks.py. `tokenize_batched` counts nothing:
+`embed` sends EMBEDDINGS only; `encode` (triton_encode.py, on this model's code) serves the rest.
 
 config.pbtxt parameters: rose_backend.triton.model_settings.TokenizeSettings (their meaning and
 defaults). Bad input gets an INVALID_ARG error naming what is wrong.
@@ -140,8 +141,9 @@ def outputs_response(outputs, extras=()):
 _CODES = {CANCELLED: "CANCELLED", SHUTTING_DOWN: "UNAVAILABLE"}      # TritonError's names (set at run time)
 
 
-def error_response(e: Exception | str):
-    """Bad input: INVALID_ARG with its message; cancelled; shutting down UNAVAILABLE; else INTERNAL."""
+def error_response(e: Exception | str, model: str = "tokenize"):
+    """Bad input: INVALID_ARG with its message; cancelled; shutting down UNAVAILABLE; else INTERNAL
+    (the message begins with the model's name)."""
     if isinstance(e, InputError):
         code, text = pb_utils.TritonError.INVALID_ARG, str(e)
     elif isinstance(e, Unavailable):           # submitted while stopping
@@ -150,7 +152,7 @@ def error_response(e: Exception | str):
         code, text = getattr(pb_utils.TritonError, _CODES.get(e, "INTERNAL")), e
     else:
         code, text = pb_utils.TritonError.INTERNAL, f"{type(e).__name__}: {e}"
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tokenize: {text}", code))
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{model}: {text}", code))
 
 
 PASSED_ON = ("DIMENSIONS", "ENCODING")
@@ -196,7 +198,8 @@ class TokenizeBatchedModel(DecoupledModel, TokenizeModel):
 
     def admit(self, request, sender, received_ns: int) -> None:
         inputs = input_tensors(request)
-        text_job = read_text_job(inputs, self.tokenizer, self.chunker, wants_counts(outputs_parameter(request)))
+        # no TOKEN_COUNTS / TRUNCATED: `embed` sends EMBEDDINGS only (the counts by name: `encode`)
+        text_job = read_text_job(inputs, self.tokenizer, self.chunker, False)
         job = Job(text_job, sender, request.is_cancelled, passed_on(inputs))
         if self.clock is not None:
             job.marks += [("received", received_ns), ("read_and_decoded", time.perf_counter_ns())]

@@ -18,7 +18,7 @@ from rose_backend.triton.model_settings import edit_model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]          # the project's folder
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
-MODELS = ("tokenize", "tokenize_batched", "rose", "embed")
+MODELS = ("tokenize", "tokenize_batched", "rose", "embed", "encode")
 RERANK_MODELS = ("tokenize", "rose", "rerank")
 # a reranker beside an embedding model: its own steps, {name: the model it is a copy of}
 RERANKER_STEPS = {"rerank_tokenize": "tokenize", "rerank_rose": "rose"}

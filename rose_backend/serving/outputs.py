@@ -8,7 +8,7 @@ Outputs (all but EMBEDDINGS optional, computed only when asked for):
     COLBERT         FP32  [-1, Dc]  per input, one unit vector per token but the first, end to end
     COLBERT_LENS    INT32 [n]    how many vectors each input has (its length - 1)
     TOKEN_COUNTS    INT32 [n]    each input's tokens before truncation (as the tokenizer counted them
-                                 when `embed`'s tokenize step sends them; else SEQ_LENS: rose cuts nothing)
+                                 when `encode` tokenized the texts; else SEQ_LENS: rose cuts nothing)
     TRUNCATED       BOOL  [n]    whether each input was cut (likewise; else false)
 Late chunking (TOKEN_CHUNKS in: serving/spans.py): n is the number of chunks, EMBEDDINGS holds one
 span mean per chunk, TOKEN_COUNTS each chunk's own tokens and TRUNCATED is false.
@@ -22,16 +22,9 @@ Cost: a request's token-level rows are taken piece by piece as its batches are c
 forward pass: its sparse pairs at once, its ColBERT rows written once, straight into the request's
 COLBERT array (one slice copy per sequence). build_outputs then only joins the small sparse parts.
 
-Which outputs a request asked for. A request names its outputs (Triton's requested outputs); a
-request that names none is given all of them by Triton, and the `embed` ensemble asks `rose` for
-every output its step maps whatever the client named (Triton 2.51's ensemble_scheduler.cc adds
-each mapped output to the step's request). So:
-  - the request parameter `outputs` (comma-separated: "sparse", "colbert", "token_counts",
-    "truncated"; "" for the dense rows only) decides when it
-    is present (through `embed` it is the only way to ask: Triton forwards request parameters to
-    the ensemble's steps); rose_client always sends it;
-  - otherwise the requested outputs decide, except that "all of them" (no choice made) means the
-    dense EMBEDDINGS only, as before these outputs existed.
+Which outputs a request is sent: serving/output_choice.py (the names it gives Triton, or the request
+parameter `outputs` where it cannot name them; a named output that cannot be sent is an error, never
+left out).
 
 DIMENSIONS (Matryoshka): the first d dimensions, normalized again if the model normalizes.
 ENCODING: float32 (default), float16, int8, uint8, binary, ubinary, with the meaning and bit
@@ -53,14 +46,9 @@ from pathlib import Path
 import numpy as np
 
 from rose_backend.serving import spans
+from rose_backend.serving.output_choice import (ALL_OUTPUTS, COLBERT_OUTPUTS, COUNT_OUTPUTS, DENSE,  # noqa: F401
+                                               ENGINE_KINDS, KIND_OF, SPARSE_OUTPUTS, choose_outputs)
 
-SPARSE_OUTPUTS = ("SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS")
-COLBERT_OUTPUTS = ("COLBERT", "COLBERT_LENS")
-COUNT_OUTPUTS = ("TOKEN_COUNTS", "TRUNCATED")
-KIND_OF = {**{n: "sparse" for n in SPARSE_OUTPUTS}, **{n: "colbert" for n in COLBERT_OUTPUTS},
-           "TOKEN_COUNTS": "token_counts", "TRUNCATED": "truncated"}
-ENGINE_KINDS = frozenset({"sparse", "colbert"})          # kinds the engine computes (BGE-M3's heads)
-ALL_OUTPUTS = frozenset({"EMBEDDINGS", *KIND_OF})
 ENCODINGS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 RANGES_FILES = ("quantization_ranges.npy", "quantization_ranges.json")
 
@@ -77,30 +65,15 @@ class OutputOptions:
     truncated: np.ndarray | None = None        # TRUNCATED as given, or None
 
 
-def choose_outputs(requested: set[str] | frozenset, parameter: str | None) -> tuple[frozenset, frozenset]:
-    """(names to send, token outputs to compute); see the module docstring for the rule."""
-    requested = frozenset(requested) & ALL_OUTPUTS
-    if parameter is not None:
-        kinds = frozenset(k.strip().lower() for k in parameter.split(",") if k.strip())
-        bad = kinds - {"sparse", "colbert", "dense", "token_counts", "truncated"}
-        if bad:
-            raise ValueError("request parameter 'outputs' takes sparse, colbert, token_counts, truncated "
-                             f"(comma-separated); got {sorted(bad)}")
-        kinds -= {"dense"}
-        names = frozenset(n for n in requested if n == "EMBEDDINGS" or KIND_OF[n] in kinds)
-    elif requested == ALL_OUTPUTS or not requested:
-        names = frozenset({"EMBEDDINGS"})
-    else:
-        names = requested
-    return names, frozenset(KIND_OF[n] for n in names if n != "EMBEDDINGS") & ENGINE_KINDS
-
-
 def parse_options(requested, parameter: str | None, dimensions: np.ndarray | None, encoding: np.ndarray | None,
-                  embedding_dim: int, ranges: np.ndarray | None, has_heads: bool) -> OutputOptions:
-    """Check a request's output choices; raise ValueError naming what is wrong."""
-    names, token_outputs = choose_outputs(requested, parameter)
+                  embedding_dim: int, ranges: np.ndarray | None, has_heads: bool,
+                  declared=ALL_OUTPUTS, none_means: frozenset = DENSE) -> OutputOptions:
+    """Check a request's output choices (declared, none_means: output_choice.choose_outputs); raise
+    ValueError naming what is wrong."""
+    names, token_outputs = choose_outputs(requested, parameter, declared, none_means)
     if token_outputs and not has_heads:
-        raise ValueError(f"{' and '.join(sorted(token_outputs))} outputs need BGE-M3's heads "
+        named = ", ".join(sorted(n for n in names if KIND_OF.get(n) in token_outputs))
+        raise ValueError(f"output {named}: {' and '.join(sorted(token_outputs))} outputs need BGE-M3's heads "
                          "(sparse_linear.pt and colbert_linear.pt, or .safetensors) in the model folder; "
                          "this model has none")
     dims = None

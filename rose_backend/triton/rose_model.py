@@ -1,5 +1,7 @@
 """The `rose` Triton model (decoupled): INPUT_IDS, SEQ_LENS (+ DIMENSIONS, ENCODING) -> EMBEDDINGS
-(+ SPARSE_IDS, SPARSE_WEIGHTS, SPARSE_LENS, COLBERT, COLBERT_LENS when asked for: serving/outputs.py).
+(+ SPARSE_IDS, SPARSE_WEIGHTS, SPARSE_LENS, COLBERT, COLBERT_LENS, TOKEN_COUNTS, TRUNCATED when named:
+serving/outputs.py; a named output that will not be sent is an INVALID_ARG error naming it,
+serving/output_choice.py).
 A reranker folder (rose_backend/model_kind.py) answers SCORES [S] instead, one score per
 query-document pair (the sequences are the pairs, tokenized by `tokenize`); TOKEN_TYPE_IDS
 (optional, INT32 beside INPUT_IDS) carries BERT cross-encoders' segment ids (zeros elsewhere).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import logging
 import time
 
@@ -29,6 +32,7 @@ import triton_python_backend_utils as pb_utils
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.lanes import parse_lane
 from rose_backend.serving.outcomes import Unavailable
+from rose_backend.serving.output_choice import parameter_kinds, refuse_unsent
 from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_outputs, collect_piece, load_ranges,
                                           parse_options, refuse_token_inputs, special_token_ids, with_token_inputs)
 from rose_backend.serving.scheduler import Request
@@ -56,6 +60,8 @@ class RoseModel(DecoupledModel):
             s = RoseSettings.from_model_config(args["model_config"])
             cfg = ModelConfig.from_folder(resolve_model_dir(s.model_dir or None), s.model_kind or None)
             self.output_name = "SCORES" if cfg.is_reranker else "EMBEDDINGS"
+            # the outputs config.pbtxt declares: a request naming none arrives naming all of them
+            self.declared = frozenset(o["name"] for o in json.loads(args["model_config"]).get("output", []))
             device = self._device(s.device, args, torch)
             dtype = getattr(torch, s.torch_dtype_name) if s.torch_dtype_name else None
             from rose_backend.engine.engine import Engine
@@ -126,7 +132,7 @@ class RoseModel(DecoupledModel):
         input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
         token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size, self.limits)
         params = request_parameters(request)
-        opts = refuse_token_inputs(inputs) if self.output_name == "SCORES" else \
+        opts = self._refuse_for_scores(request, params, inputs) if self.output_name == "SCORES" else \
             self._options(request, params, inputs, seq_lens)
         lane = parse_lane(params.get("lane"))                # interactive | bulk | None: by size
         r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
@@ -146,14 +152,23 @@ class RoseModel(DecoupledModel):
             code = pb_utils.TritonError.INTERNAL
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {error}", code))
 
+    def _refuse_for_scores(self, request, params: dict, inputs: dict) -> None:
+        """A reranker answers SCORES only: other named outputs, the `outputs` parameter's kinds, late
+        chunking and token counts are refused, never ignored (ValueError)."""
+        refuse_unsent(request.requested_output_names(), self.declared, frozenset({"SCORES"}), "this reranker")
+        choice = params.get("outputs")
+        if choice is not None and parameter_kinds(str(choice)):
+            raise ValueError(f"request parameter 'outputs' ({choice!r}): this reranker sends SCORES only")
+        refuse_token_inputs(inputs)
+
     def _options(self, request, params: dict, inputs: dict, seq_lens) -> OutputOptions:
         """The request's outputs, DIMENSIONS, ENCODING, late chunking and token counts
-        (serving/outputs.py); ValueError if bad."""
+        (serving/outputs.py, serving/output_choice.py); ValueError if bad."""
         choice = params.get("outputs")
         dims, enc = inputs.get("DIMENSIONS"), inputs.get("ENCODING")
         opts = parse_options(request.requested_output_names(), None if choice is None else str(choice),
                              None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
-                             self.engine.embedding_dim, self.ranges, self.engine.heads is not None)
+                             self.engine.embedding_dim, self.ranges, self.engine.heads is not None, self.declared)
         return with_token_inputs(opts, {n: inputs[n].as_numpy() for n in TOKEN_INPUTS if n in inputs}, seq_lens,
                                  self.limits)
 

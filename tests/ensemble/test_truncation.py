@@ -74,8 +74,10 @@ def test_which_requests_ask_for_counts():
     assert not wants_counts(None, every, every) and wants_counts(None, every - {"SEQ_LENS"}, every)   # none named
     names, engine = choose_outputs({"EMBEDDINGS", "TOKEN_COUNTS"}, None)
     assert names == {"EMBEDDINGS", "TOKEN_COUNTS"} and engine == frozenset()
-    names, _ = choose_outputs({"EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED", "SPARSE_IDS"}, "truncated")
+    names, _ = choose_outputs({"EMBEDDINGS", "TRUNCATED"}, "truncated")
     assert names == {"EMBEDDINGS", "TRUNCATED"}
+    with pytest.raises(ValueError, match="names SPARSE_IDS, TOKEN_COUNTS as outputs but its parameter"):
+        choose_outputs({"EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED", "SPARSE_IDS"}, "truncated")     # never left out
     with pytest.raises(ValueError, match="takes sparse, colbert, token_counts, truncated"):
         choose_outputs({"EMBEDDINGS"}, "counts")
 

@@ -68,7 +68,7 @@ def test_launcher_serves_models_by_kind(folders, default_model_dir, monkeypatch)
     from rose_backend.launch.triton_install import TritonInstall
     from rose_backend.launch.tritonserver import TritonProcess
     monkeypatch.delenv("ROSE_MODEL_KIND", raising=False)
-    assert served_models(None) == MODELS == ("tokenize", "tokenize_batched", "rose", "embed")
+    assert served_models(None) == MODELS == ("tokenize", "tokenize_batched", "rose", "embed", "encode")
     assert served_models(str(folders["tiny-xlmr-ce"])) == RERANK_MODELS
     cmd = TritonProcess(str(folders["tiny-bert-ce"])).command(TritonInstall(binary="tritonserver", backend_dir=None))
     assert "--model-control-mode=explicit" in cmd and "--load-model=rerank" in cmd and "--load-model=embed" not in cmd

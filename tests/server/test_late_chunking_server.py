@@ -29,16 +29,16 @@ def conn(server):
     c.close()
 
 
-def late(conn, documents, task=None, parameters=None, outputs=None):
+def late(conn, documents, task=None, parameters=None, outputs=None, model="embed"):
     inputs = [("TEXT", [c for d in documents for c in d]), ("DOC_CHUNKS", np.array([len(d) for d in documents], np.int32))]
     if task:
         inputs.append(("TASK", [task]))
-    return conn.infer("embed", inputs, outputs=outputs, parameters=parameters)
+    return conn.infer(model, inputs, outputs=outputs, parameters=parameters)
 
 
 def test_chunk_vectors_match_transformers(conn, default_model_dir, reference):
-    got = late(conn, DOCUMENTS, task="query", parameters={"outputs": "token_counts,truncated"},
-               outputs=["EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED"]).result(300)
+    got = late(conn, DOCUMENTS, task="query", outputs=["EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED"],
+               model="encode").result(300)
     want = np.concatenate(late_chunk_reference(default_model_dir, DOCUMENTS, prompt="query: ", window=256,
                                                overlap=64, reference=reference))
     assert got["EMBEDDINGS"].shape == (3 + len(LONG) + 1, 384)

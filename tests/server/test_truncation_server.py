@@ -1,6 +1,6 @@
-"""TOKEN_COUNTS and TRUNCATED through a real tritonserver: `embed` (asked with the request parameter
-outputs, since the ensemble shows its steps no requested outputs), `tokenize` and `rose` (asked by
-naming them), against transformers' count of each untruncated text with its prompt."""
+"""TOKEN_COUNTS and TRUNCATED through a real tritonserver: `encode` (texts; asked by naming them or
+with the request parameter outputs), `tokenize` and `rose` (asked by naming them), against
+transformers' count of each untruncated text with its prompt."""
 import numpy as np
 import pytest
 
@@ -29,7 +29,7 @@ def texts_of(lengths):
 
 def test_embed_counts_tokens_before_truncation(conn, hf_count):
     texts = texts_of([1, 40, 252, 253, 600, 3000])
-    got = conn.infer("embed", [("TEXT", texts), ("TASK", ["query"])], parameters={"outputs": "token_counts,truncated"},
+    got = conn.infer("encode", [("TEXT", texts), ("TASK", ["query"])], parameters={"outputs": "token_counts,truncated"},
                      outputs=["EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED"]).result(300)
     want = [hf_count("query: " + t) for t in texts]                 # DEFAULT_TEST_PARAMS' query prompt
     assert got["TOKEN_COUNTS"].tolist() == want and got["TOKEN_COUNTS"].dtype == np.int32
@@ -43,15 +43,15 @@ def test_embed_counts_tokens_before_truncation(conn, hf_count):
 
 def test_one_of_the_two_alone(conn, hf_count):
     texts = texts_of([3, 400])
-    got = conn.infer("embed", [("TEXT", texts)], parameters={"outputs": "truncated"}).result(120)
+    got = conn.infer("encode", [("TEXT", texts)], parameters={"outputs": "truncated"}).result(120)
     assert set(got) == {"EMBEDDINGS", "TRUNCATED"} and got["TRUNCATED"].tolist() == [False, True]
-    got = conn.infer("embed", [("TEXT", texts)], parameters={"outputs": "token_counts"}).result(120)
+    got = conn.infer("encode", [("TEXT", texts)], parameters={"outputs": "token_counts"}).result(120)
     assert set(got) == {"EMBEDDINGS", "TOKEN_COUNTS"} and got["TOKEN_COUNTS"].tolist() == [hf_count(t) for t in texts]
 
 
 def test_a_text_over_max_text_bytes_is_marked_cut(conn, hf_count):
     huge = texts_of([20_000])[0]                                         # ~110 KB, over max_text_bytes=65536
-    got = conn.infer("embed", [("TEXT", [huge, "short"])], parameters={"outputs": "token_counts,truncated"}).result(300)
+    got = conn.infer("encode", [("TEXT", [huge, "short"])], parameters={"outputs": "token_counts,truncated"}).result(300)
     assert got["TRUNCATED"].tolist() == [True, False]
     assert 256 < got["TOKEN_COUNTS"][0] < hf_count(huge)                 # the bytes kept: a lower bound
 
