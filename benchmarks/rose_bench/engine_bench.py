@@ -92,18 +92,21 @@ def count_kernels(eng, s, n):
     with torch.inference_mode():
         eng._forward(v)
         torch.cuda.synchronize()
-        x = torch.randn(key[1], eng.cfg.hidden_size, device="cuda", dtype=eng.dtype)
-        eng.model.layers[0](x)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        layer = None
+        if not eng.cfg.is_decoder:        # a Qwen3 layer takes positions and the residual too: per forward only
+            x = torch.randn(key[1], eng.cfg.hidden_size, device="cuda", dtype=eng.dtype)
             eng.model.layers[0](x)
             torch.cuda.synchronize()
-        layer = [e.name for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("Mem")]
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                eng.model.layers[0](x)
+                torch.cuda.synchronize()
+            layer = [e.name for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("Mem")]
         with profile(activities=[ProfilerActivity.CUDA]) as prof2:
             eng._forward(v)
             torch.cuda.synchronize()
         total = [e.name for e in prof2.events() if e.device_type.name == "CUDA" and not e.name.startswith("Mem")]
-    return {"per_layer": len(layer), "per_layer_names": [k[:90] for k in layer],
+    return {"per_layer": None if layer is None else len(layer),
+            "per_layer_names": None if layer is None else [k[:90] for k in layer],
             "per_forward": len(total), "layers": eng.cfg.num_layers,
             "per_forward_names": Counter(k[:60] for k in total).most_common(20)}
 
@@ -114,6 +117,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="bge-m3", help="the random-weight folder's shape: bge-m3 | pplx-embed")
     ap.add_argument("--model-dir", default=None, help="where that folder is written (default /tmp/rose-gpu/<shape>-random)")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--attention", default=None, help="one attention backend for every configuration "
+                    "(e.g. torch_varlen: nothing to JIT-compile); default: the engine's choice per configuration")
     ap.add_argument("--check", action="store_true", help="compare each configuration with unpadded eager")
     ap.add_argument("--unfused", action="store_true", help="also time the unfused add/LN/GELU variant")
     ap.add_argument("--fp8-min-tokens", type=int, default=0,
@@ -121,12 +126,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
            "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()}
-    res["shape"] = args.shape
+    res["shape"], res["attention"] = args.shape, args.attention or "auto"
     cfg = ModelConfig.from_folder(make_folder(args.shape, args.model_dir or f"/tmp/rose-gpu/{args.shape}-random",
                                               device="cuda"))
     free0 = torch.cuda.mem_get_info()[0]
     t0 = time.perf_counter()
-    eng = Engine(cfg, "cuda", max_tokens=65536, max_seqs=128)
+    eng = Engine(cfg, "cuda", attention=args.attention, max_tokens=65536, max_seqs=128)
     ready = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     first = wall_ms(lambda: eng.step(batch(rng, 1, 700, cfg.vocab_size)).synchronize())   # not a timed config
@@ -149,7 +154,8 @@ def main(argv=None) -> int:
         del eng2
         print("unfused", res["unfused_configs"], flush=True)
     if args.fp8_min_tokens:
-        eng_fp8 = Engine(cfg, "cuda", max_tokens=65536, max_seqs=128, fp8_min_tokens=args.fp8_min_tokens)
+        eng_fp8 = Engine(cfg, "cuda", attention=args.attention, max_tokens=65536, max_seqs=128,
+                         fp8_min_tokens=args.fp8_min_tokens)
         res["fp8_min_tokens"] = args.fp8_min_tokens
         res["fp8_configs"] = [per_config(eng_fp8, rng, s, n) for s, n in CONFIGS]
         del eng_fp8

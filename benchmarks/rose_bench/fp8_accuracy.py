@@ -1,8 +1,8 @@
 """FP8 accuracy over a real text corpus: `dtype=fp8` against bf16 and the float32 reference.
 
-The corpus: sentences of the English text that Python ships (the interactive help's topics and the
-docstrings of the standard library's modules, classes and functions, read with ast, nothing
-imported), cleaned of code-like lines, deduplicated and mixed in a fixed order; its size, token
+The corpus: sentences of the English text that Python and two packages in use ship (the interactive
+help's topics and the docstrings of the standard library's, numpy's and tokenizers' modules, classes
+and functions, read with ast, nothing imported), cleaned of code-like lines, deduplicated and mixed in a fixed order; its size, token
 count and a digest are recorded. Each model folder embeds the corpus three ways:
     fp32   Hugging Face transformers in float32 (the reference; batches of equal length, unpadded)
     bf16   rose's engine in the model dtype (what serving runs by default)
@@ -39,9 +39,9 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _CODE_LIKE = re.compile(r"[{}\[\]<>=_`|\\]|\(\)|::|>>>|\.py\b|\w\(\w*")
 
 
-def _stdlib_docstrings() -> list[str]:
+def _docstrings(root: Path) -> list[str]:
+    """Docstrings of the modules, classes and functions of the .py files under root (tests left out)."""
     out = []
-    root = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
         if rel[0] in ("site-packages", "dist-packages") or any(p.startswith(("test", "idle_test")) for p in rel):
@@ -58,12 +58,21 @@ def _stdlib_docstrings() -> list[str]:
     return out
 
 
+def _sources() -> list[str]:
+    """Python's help topics, then the docstrings of its standard library, numpy's and tokenizers'."""
+    import numpy
+    import pydoc_data.topics
+    import tokenizers
+    texts = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)]
+    for root in (Path(sysconfig.get_paths()["stdlib"]), Path(numpy.__file__).parent, Path(tokenizers.__file__).parent):
+        texts += _docstrings(root)
+    return texts
+
+
 def corpus(n: int) -> list[str]:
     """n English sentences of the text Python ships, in a fixed mixed order (ValueError if fewer)."""
-    import pydoc_data.topics
-    texts = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)] + _stdlib_docstrings()
     seen, sentences = set(), []
-    for text in texts:
+    for text in _sources():
         for paragraph in re.split(r"\n\s*\n", text):
             flat = " ".join(paragraph.split())
             for s in _SENTENCE_END.split(flat):
@@ -120,14 +129,15 @@ def reference_embed(folder: Path, seqs: list[list[int]], device: str, max_batch_
     return out
 
 
-def engine_embed(folder: Path, seqs: list[list[int]], device: str, fp8: bool, max_batch_tokens: int) -> np.ndarray:
+def engine_embed(folder: Path, seqs: list[list[int]], device: str, fp8: bool, max_batch_tokens: int,
+                 attention: str | None = None) -> np.ndarray:
     import torch
 
     from rose_backend.config import ModelConfig
     from rose_backend.engine.engine import Engine
     cfg = ModelConfig.from_folder(folder)
     dtype = torch.bfloat16
-    eng = Engine(cfg, device, dtype=dtype, max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=512,
+    eng = Engine(cfg, device, dtype=dtype, attention=attention, max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=512,
                  fp8_min_tokens=1 if fp8 else None)
     rows, batch, tokens = [], [], 0
     for s in seqs:
@@ -175,8 +185,8 @@ def measure(name: str, folder: Path, tokenizer_json: Path, sentences: list[str],
     seqs = tokenize(tokenizer_json, sentences, max_len, cfg.vocab_size)
     ref = reference_embed(folder, seqs, args.device, args.batch_tokens)
     t_ref = time.perf_counter()
-    bf16 = engine_embed(folder, seqs, args.device, False, args.batch_tokens)
-    fp8 = engine_embed(folder, seqs, args.device, True, args.batch_tokens)
+    bf16 = engine_embed(folder, seqs, args.device, False, args.batch_tokens, args.attention)
+    fp8 = engine_embed(folder, seqs, args.device, True, args.batch_tokens, args.attention)
     t_eng = time.perf_counter()
     k_ref, k_bf16, k_fp8 = (top_k(e, 10, args.device) for e in (ref, bf16, fp8))
     row = {"model": name, "tokenizer": str(tokenizer_json), "sentences": len(seqs), "tokens": int(sum(map(len, seqs))), "max_len": max_len,
@@ -209,6 +219,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-len", type=int, default=256, help="truncation, tokens (all-MiniLM-L6-v2's own: 256)")
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--attention", default=None, help="one attention backend for both engines (default: their choice)")
     p.add_argument("--workdir", default="/tmp/rose-fp8-accuracy")
     p.add_argument("--out", default="benchmarks/results/fp8-accuracy/h200.json")
     p.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
@@ -220,8 +231,9 @@ def main(argv=None) -> int:
     result = {"bench": "fp8-accuracy", "command": command_line(), "git": git_commit(args.git_commit),
               "host": host_info(args.device),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "corpus": {"sentences": len(sentences), "sha1_16": digest, "source": "pydoc_data.topics and "
-                         "the standard library's docstrings (this Python)", "first": sentences[:3]},
+              "corpus": {"sentences": len(sentences), "sha1_16": digest, "source": "pydoc_data.topics and the "
+                         "docstrings of this Python's standard library, numpy and tokenizers", "first": sentences[:3]},
+              "attention": args.attention or "auto",
               "gate": {"max_cos_dist": GATE_MAX_COS_DIST, "top10_agreement": GATE_TOP10_AGREEMENT}, "models": []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

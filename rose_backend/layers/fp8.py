@@ -50,7 +50,12 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def fp8_matmul(x: torch.Tensor, w_fp8_t: torch.Tensor, w_scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """x [T, K] (model dtype) @ W.T + bias with x quantized per token: w_fp8_t [K, N] (column-major
-    view of the row-quantized weight), w_scale [1, N] float32."""
+    view of the row-quantized weight), w_scale [1, N] float32. On CUDA the quantization is one
+    kernel (fp8_kernels.py) and the bias is added inside the GEMM."""
+    if x.is_cuda:
+        from rose_backend.layers.fp8_kernels import quantize_rows_fp8
+        xq, x_scale = quantize_rows_fp8(x if x.stride(-1) == 1 else x.contiguous())
+        return torch._scaled_mm(xq, w_fp8_t, scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=x.dtype)
     x_scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=_EPS) / FP8_MAX    # [T, 1]
     xq = (x.float() / x_scale).to(FP8)
     y = torch._scaled_mm(xq, w_fp8_t, scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
