@@ -124,8 +124,9 @@ def with_token_inputs(opts: OutputOptions, inputs: dict, seq_lens: np.ndarray, l
     from rose_backend.serving.validation import validate_counts, validate_token_chunks
     late = validate_token_chunks(inputs.get("TOKEN_CHUNKS"), int(seq_lens.sum(dtype=np.int64)), limits)
     if late is not None and opts.token_outputs:
-        raise ValueError(f"{' and '.join(sorted(opts.token_outputs))} outputs are not available with late "
-                         "chunking (TOKEN_CHUNKS / DOC_CHUNKS): send those texts without it")
+        named = ", ".join(sorted(n for n in opts.names if KIND_OF.get(n) in opts.token_outputs))
+        raise ValueError(f"output {named}: {' and '.join(sorted(opts.token_outputs))} outputs are not available "
+                         "with late chunking (TOKEN_CHUNKS / DOC_CHUNKS): send those texts without it")
     counts, cut = validate_counts(inputs.get("TOKEN_COUNTS"), inputs.get("TRUNCATED"),
                                   seq_lens if late is None else late[1], late is not None)
     if late is None and counts is None and cut is None:

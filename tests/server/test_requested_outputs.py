@@ -24,12 +24,14 @@ TEXTS = ["the rose is a flower", "the rose the rose is red red red", "a",
          "late interaction colbert model server token"]
 OTHERS = ("SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT", "COLBERT_LENS", "TOKEN_COUNTS", "TRUNCATED")
 EVERY = ("EMBEDDINGS", *OTHERS)
+COUNTS = ("TOKEN_COUNTS", "TRUNCATED")
 
 
 class Stream:
     """A plain tritonclient gRPC stream: one request at a time, its one answer or its error text."""
 
     def __init__(self, url: str):
+        self.url = url
         self.client = grpcclient.InferenceServerClient(url)
         self.answers: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.answers.put((result, error)))
@@ -253,3 +255,25 @@ def test_a_model_without_heads_refuses_them_by_name(server):
         np.testing.assert_allclose(got["EMBEDDINGS"], dense, atol=1e-6)
     finally:
         s.close()
+
+
+def test_encode_late_chunking_sends_counts_and_refuses_colbert_by_name(m3):
+    documents = {"TEXT": ["the rose ", "is a flower", "dense vector"], "DOC_CHUNKS": np.array([2, 1], np.int32)}
+    got = answer(m3, "encode", documents, outputs=["EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED"])
+    same(got, answer(m3, "embed", documents) | {n: got[n] for n in COUNTS}, ["EMBEDDINGS", *COUNTS])
+    assert got["EMBEDDINGS"].shape[0] == 3 and got["TOKEN_COUNTS"].min() >= 1 and not got["TRUNCATED"].any()
+    message = refused(m3, "encode", documents, outputs=["EMBEDDINGS", "COLBERT"])
+    assert "output COLBERT" in message and "late chunking" in message, message
+
+
+def test_a_cancelled_encode_request_is_dropped_and_the_model_keeps_serving(m3):
+    from rose_client import StreamConnection
+    conn = StreamConnection(m3.url)
+    try:
+        futures = [conn.infer("encode", [("TEXT", [f"{TEXTS[3]} {i}"] * 16)], ["COLBERT", "COLBERT_LENS"])
+                   for i in range(20)]
+    finally:
+        conn.close()                                  # the stream goes: its requests are cancelled
+    assert all(f.exception(60) is not None for f in futures)         # nothing answered after the close
+    same(answer(m3, "encode", {"TEXT": TEXTS}, outputs=["SPARSE_IDS"]), answer(m3, "encode", {"TEXT": TEXTS}),
+         ["SPARSE_IDS"])
