@@ -26,6 +26,15 @@ FP8_MAX = float(torch.finfo(FP8).max)            # 448
 _EPS = 1e-12
 # the transformer layers' projections, by the attribute names of models/bert.py and models/qwen3.py
 PROJECTIONS = ("qkv", "o_proj", "ffn_up", "ffn_down", "qkv_proj", "gate_up_proj", "down_proj")
+# The batch size, in tokens, from which FP8 paid on the H200 (rose_bench engine --fp8-min-tokens 1,
+# CUDA graph device time, bf16 against FP8; benchmarks/RESULTS-engine.md): BGE-M3's shape 0.99x at
+# 4,096 and 1.07x at 12,800; pplx-embed's (Qwen3 0.6B) 1.00x at 2,560 and 1.06x at 4,096.
+MEASURED_MIN_TOKENS = {"encoder": 8192, "decoder": 4096}
+
+
+def measured_min_tokens(cfg) -> int:
+    """fp8_min_tokens where none is set: the measured crossover of the model's family (ModelConfig)."""
+    return MEASURED_MIN_TOKENS["decoder" if cfg.is_decoder else "encoder"]
 
 
 def unavailable_reason(device: torch.device | str) -> str | None:

@@ -89,7 +89,8 @@ class RoseSettings(_Settings):
                          fp8: the default, with the layers' projections run as FP8 GEMMs (e4m3, per-channel
                          weight and per-token activation scales) for batches of at least fp8_min_tokens
                          tokens (layers/fp8.py); refused on a GPU without FP8 tensor cores
-    fp8_min_tokens       the smallest batch, in tokens, that runs FP8 GEMMs under dtype=fp8 (default 4096)
+    fp8_min_tokens       the smallest batch, in tokens, that runs FP8 GEMMs under dtype=fp8 (default 0: the
+                         crossover measured for the model's family, layers/fp8.py's MEASURED_MIN_TOKENS)
     attention            attention backend name (default "": the engine's choice per configuration)
     max_batch_tokens     token budget of one forward pass (default 16384)
     max_batch_seqs       sequence cap of one forward pass (default 64)
@@ -151,13 +152,13 @@ class RoseSettings(_Settings):
                "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
                "gpu_memory_headroom_mb": 0, "graph_memory_mb": 0, "memory_limit_mb": 0,
                "bulk_threshold_tokens": 0, "bulk_batch_tokens": 1,
-               "bulk_max_inflight": 1, "interactive_recent_ms": 0, "fp8_min_tokens": 1}
+               "bulk_max_inflight": 1, "interactive_recent_ms": 0, "fp8_min_tokens": 0}
 
     model_dir: str = ""
     model_kind: str = ""
     device: str = "auto"
     dtype: str = ""
-    fp8_min_tokens: int = 4096
+    fp8_min_tokens: int = 0
     attention: str = ""
     max_batch_tokens: int = 16384
     max_batch_seqs: int = 64
@@ -205,10 +206,13 @@ class RoseSettings(_Settings):
         max_batch_tokens), the sequence buckets max_batch_seqs."""
         return {"max_tokens": max(self.max_batch_tokens, cfg.max_positions), "max_seqs": self.max_batch_seqs}
 
-    @property
-    def engine_fp8_min_tokens(self) -> int | None:
-        """The engine's fp8_min_tokens: the parameter under dtype=fp8, else None (no FP8)."""
-        return self.fp8_min_tokens if self.dtype == "fp8" else None
+    def engine_fp8_min_tokens(self, cfg) -> int | None:
+        """The engine's fp8_min_tokens for a model (ModelConfig): under dtype=fp8 the parameter, or
+        where it is 0 the crossover measured for the model's family; else None (no FP8)."""
+        if self.dtype != "fp8":
+            return None
+        from rose_backend.layers.fp8 import measured_min_tokens
+        return self.fp8_min_tokens or measured_min_tokens(cfg)
 
     @property
     def torch_dtype_name(self) -> str | None:

@@ -71,7 +71,7 @@ class RoseModel(DecoupledModel):
                 cfg, device=device, dtype=dtype, attention=s.attention or None,
                 **s.engine_limits(cfg), max_inflight=s.max_inflight, graphs=s.graphs,
                 graph_memory_cap_bytes=s.graph_memory_mb * MIB or None, memory_limit_bytes=self.memory_limit,
-                fp8_min_tokens=s.engine_fp8_min_tokens)
+                fp8_min_tokens=s.engine_fp8_min_tokens(cfg))
             limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
             pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} "
                                      f"(limit {limit})")

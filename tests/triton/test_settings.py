@@ -70,7 +70,7 @@ def test_parses_types_and_keeps_defaults_for_empty_values():
     (RoseSettings, {"precapture": "1x128"}, r"'precapture' takes seqs:tokens pairs"),
     (TokenizeSettings, {"prompts": '["query"]'}, r"'prompts' must be a JSON object"),
     (TokenizeSettings, {"fallback_prompts": '{"query": 1}'}, r"'fallback_prompts' must be a JSON object"),
-    (RoseSettings, {"dtype": "fp8", "fp8_min_tokens": "0"}, r"'fp8_min_tokens' must be >= 1, got 0"),
+    (RoseSettings, {"dtype": "fp8", "fp8_min_tokens": "-1"}, r"'fp8_min_tokens' must be >= 0, got -1"),
     (TokenizeSettings, {"max_request_texts": "0"}, r"model 'tokenize': parameter 'max_request_texts' must be >= 1"),
 ])
 def test_bad_values_are_refused_naming_the_parameter(cls, values, message):
