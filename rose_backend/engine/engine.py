@@ -27,7 +27,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.batch import HEAD_OUTPUTS, PackedBatch, graph_tags, row_names
-from rose_backend.engine.graph_cache import GraphCache, Key
+from rose_backend.engine.graph_cache import GraphCache, Key, bucket_limits
 from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.memory_budget import check_fits, device_limit, engine_budget
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
@@ -72,7 +72,8 @@ class Engine:
                       from the measured table (backend_table.py), CPU: sdpa_loop
         graphs        CUDA graphs with lazy capture (default: on CUDA only; True on the CPU runs the same
                       bucketed static-buffer path with a stand-in graph); False: every batch eager, unpadded
-        max_tokens, max_seqs  largest token / sequence-count (powers of two) bucket; 65536, 512 (past them: eager)
+        max_tokens, max_seqs  largest token / sequence-count (powers of two) bucket (past them: eager); default
+                      the serving defaults, graph_cache.bucket_limits: max(16384, the model's max positions), 64
         max_inflight  handles the caller keeps outstanding; the pinned ring has max_inflight + 1 slots (a
                       handle still pending when its slot comes round is waited for first: nothing overwritten)
         graph_memory_cap_bytes  no new graph once graphs hold this much (None: no cap; graph_cache.py)
@@ -86,7 +87,7 @@ class Engine:
 
     def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, attention: str | None = None, *,
-                 graphs: bool | None = None, max_tokens: int = 65536, max_seqs: int = 512,
+                 graphs: bool | None = None, max_tokens: int | None = None, max_seqs: int | None = None,
                  max_inflight: int = 2, graph_memory_cap_bytes: int | None = None,
                  memory_limit_bytes: int | None = None,
                  backend_table: BackendTable | str | None = None, fp8_min_tokens: int | None = None):
@@ -101,6 +102,8 @@ class Engine:
         self.attention = None if attention in (None, "auto") else attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
         self.graphs_on = cuda if graphs is None else bool(graphs)
+        limits = bucket_limits(cfg.max_positions)         # the serving defaults where none is given
+        max_tokens, max_seqs = max_tokens or limits["max_tokens"], max_seqs or limits["max_seqs"]
         self.budget = engine_budget(cfg, self.device, self.dtype, self.attention, max_tokens, max_seqs, max_inflight,
                                     graph_memory_cap_bytes, self.graphs_on, bool(fp8_min_tokens))   # before loading
         check_fits(self.budget, device_limit(self.device, memory_limit_bytes), f"on {self.device}")

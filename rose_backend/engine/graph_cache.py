@@ -30,6 +30,19 @@ from typing import Callable
 
 import torch
 
+# The batch sizes the engine's buckets cover unless told otherwise: the serving defaults (the `rose`
+# parameters max_batch_tokens and max_batch_seqs take these; RoseSettings reads them from here).
+BATCH_TOKENS = 16384
+BATCH_SEQS = 64
+
+
+def bucket_limits(max_positions: int, batch_tokens: int = BATCH_TOKENS, batch_seqs: int = BATCH_SEQS) -> dict:
+    """The engine's bucket limits for a model of max_positions under a batch budget: the token buckets
+    cover every batch the scheduler forms (one sequence of the model's full length may exceed
+    batch_tokens), the sequence buckets batch_seqs. Engine(max_tokens=..., max_seqs=...) keywords."""
+    return {"max_tokens": max(batch_tokens, max_positions), "max_seqs": batch_seqs}
+
+
 # (sequence-count bucket, token bucket), plus a max_seqlen bound for backends whose launch grid
 # follows it, plus "m3" for the graph that also runs BGE-M3's heads (the engine adds both; see
 # Engine._run_static)

@@ -1,20 +1,22 @@
 """Model definitions on packed (tokens, hidden) input, and the registry that builds them."""
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from rose_backend.config import ModelConfig
+
+# The model file and class of each family; config.py's ENCODER_TYPES / DECODER_TYPES say which
+# model_type values belong to which family (the one list of supported types; from_folder refuses others).
+MODEL_FILES = {"encoder": ("bert", "BertEncoder"), "decoder": ("qwen3", "Qwen3Decoder")}
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32, attention: str = "sdpa_loop") -> torch.nn.Module:
     """Construct the model for cfg.model_type and load its weights from cfg.model_dir."""
-    if cfg.model_type in ("bert", "xlm-roberta", "roberta"):
-        from rose_backend.models.bert import BertEncoder as cls
-    elif cfg.model_type == "qwen3":
-        from rose_backend.models.qwen3 import Qwen3Decoder as cls
-    else:
-        raise ValueError(f"no model for model_type {cfg.model_type!r}")
+    module, name = MODEL_FILES["decoder" if cfg.is_decoder else "encoder"]
+    cls = getattr(importlib.import_module(f"rose_backend.models.{module}"), name)
     device = torch.device(device)
     with torch.device("meta"):
         model = cls(cfg)

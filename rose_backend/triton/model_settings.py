@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rose_backend.engine.graph_cache import BATCH_SEQS, BATCH_TOKENS, bucket_limits
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.warmup import parse_precapture
 
@@ -160,8 +161,8 @@ class RoseSettings(_Settings):
     dtype: str = ""
     fp8_min_tokens: int = 0
     attention: str = ""
-    max_batch_tokens: int = 16384
-    max_batch_seqs: int = 64
+    max_batch_tokens: int = BATCH_TOKENS
+    max_batch_seqs: int = BATCH_SEQS
     max_inflight: int = 2
     response_threads: int = 4
     host_memory_trim: str = "idle"
@@ -201,10 +202,8 @@ class RoseSettings(_Settings):
         self.precapture_configs       # parses, or says what is wrong
 
     def engine_limits(self, cfg) -> dict:
-        """The engine's bucket limits for a model (ModelConfig) under these settings: the token buckets
-        cover every batch the scheduler forms (one sequence of the model's full length may exceed
-        max_batch_tokens), the sequence buckets max_batch_seqs."""
-        return {"max_tokens": max(self.max_batch_tokens, cfg.max_positions), "max_seqs": self.max_batch_seqs}
+        """The engine's bucket limits for a model (ModelConfig) under these settings (graph_cache.bucket_limits)."""
+        return bucket_limits(cfg.max_positions, self.max_batch_tokens, self.max_batch_seqs)
 
     def engine_fp8_min_tokens(self, cfg) -> int | None:
         """The engine's fp8_min_tokens for a model (ModelConfig): under dtype=fp8 the parameter, or
