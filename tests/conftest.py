@@ -75,6 +75,15 @@ def sentence_model(default_model_dir):
     return SentenceTransformer(str(default_model_dir), device="cpu")
 
 
+@pytest.fixture(scope="module")
+def conn(server):
+    """One gRPC stream connection (rose_client.StreamConnection) to the session's server per module."""
+    from rose_client import StreamConnection
+    c = StreamConnection(server.grpc_url)
+    yield c
+    c.close()
+
+
 @pytest.fixture
 def client(server):
     from rose_client import EmbeddingClient
@@ -90,20 +99,27 @@ def client(server):
 # one at the end. Each worker has its own session servers and checks its own leftovers; the
 # controller fails the run if a worker found any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server"}
+# Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
+# so that their minutes are spread over the workers.
+SPLIT = {"test_bench"}
 LONGEST_FIRST = ("test_server", "test_bench", "replicas", "test_supervision", "test_gateway_limits", "test_security",
                  "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
                  "test_gateway_failover", "test_rerank_server")
 
 
-def group_of(nodeid: str) -> str:
+def module_group(nodeid: str) -> str:
     name = Path(nodeid.split("::")[0]).stem
     return GROUPS.get(name, name)
 
 
+def group_of(nodeid: str) -> str:
+    return nodeid if Path(nodeid.split("::")[0]).stem in SPLIT else module_group(nodeid)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))   # stable: file order within
+    items.sort(key=lambda item: rank.get(module_group(item.nodeid), len(rank)))   # stable: file order within
 
 
 def pytest_configure(config):
@@ -111,18 +127,58 @@ def pytest_configure(config):
         os.environ["ROSE_TEST_CPU_LOCK"] = f"/tmp/rose-tests-{os.getpid()}.lock"   # its workers inherit it
 
 
+def _lock(gate, lock, mode: int) -> None:
+    """Take `lock` in `mode` through the gate: a test waiting for the exclusive lock holds the gate,
+    so that no test starts beside it meanwhile (flock alone lets shared locks in one after another
+    for as long as they overlap, and an exclusive one could wait for the rest of the run)."""
+    import fcntl
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(lock, mode)
+    finally:
+        fcntl.flock(gate, fcntl.LOCK_UN)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, a test marked `exclusive` (timing-sensitive: work timed on two one-thread servers,
-    servers stopped under traffic) runs, set-up and tear-down included, while the other worker waits:
-    every other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock."""
+    servers stopped under traffic) runs, set-up and tear-down included, while the other workers wait:
+    every other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock.
+    A test whose timing-sensitive part is only a part of it (after starting its own servers) takes
+    the `alone` fixture instead and holds the exclusive lock for that block only."""
     path = os.environ.get("ROSE_TEST_CPU_LOCK")
     if path is None or not hasattr(item.config, "workerinput"):
         return (yield)
     import fcntl
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH)
-        return (yield)                               # closing the file releases the lock
+    with open(path, "a") as lock, open(path + ".gate", "a") as gate:
+        _lock(gate, lock, fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH)
+        item.rose_cpu_lock = (gate, lock)
+        try:
+            return (yield)
+        finally:
+            del item.rose_cpu_lock                    # closing the files releases the lock
+
+
+@pytest.fixture
+def alone(request):
+    """`with alone(): ...`: the block runs while no other xdist worker runs a test (the exclusive
+    lock of pytest_runtest_protocol, taken for the block only; the test's shared lock before and
+    after). Without xdist it only runs the block."""
+    @contextlib.contextmanager
+    def block():
+        held = getattr(request.node, "rose_cpu_lock", None)
+        if held is None:
+            yield
+            return
+        import fcntl
+        gate, lock = held
+        fcntl.flock(lock, fcntl.LOCK_UN)   # first let go of the shared lock: a test waiting at the gate may hold none
+        _lock(gate, lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+    return block
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -151,7 +207,9 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workeroutput"):                  # an xdist worker: the controller reports
         session.config.workeroutput["rose_leftovers"] = lines
         return
-    Path(os.environ.pop("ROSE_TEST_CPU_LOCK")).unlink(missing_ok=True)       # pytest_runtest_protocol
+    lock = os.environ.pop("ROSE_TEST_CPU_LOCK")                              # pytest_runtest_protocol
+    Path(lock).unlink(missing_ok=True)
+    Path(lock + ".gate").unlink(missing_ok=True)
     lines += getattr(session.config, "rose_worker_leftovers", [])
     if not lines:
         return

@@ -18,6 +18,8 @@ from rose_testing.compare import cos_dist
 from rose_client import ServerError, StreamConnection
 from rose_ensemble.tokenization import InputError, TextTokenizer
 from rose_ensemble.tokenize_batcher import Job, TokenizeBatcher
+from rose_testing.waiting import wait_until
+from support.metrics import metric
 
 WORDS = "rose serves text embeddings on triton with ragged batches and no padding anywhere at all".split()
 
@@ -171,20 +173,13 @@ def test_a_cancelled_request_is_not_encoded(tok):
 
 
 def _wait(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.005)
-    return pred()
+    return wait_until(pred, timeout, interval=0.005)
 
 
 # ---- through a real tritonserver ----------------------------------------------------------------
 
 def _metric(server, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=5) as r:
-        body = r.read().decode()
-    return sum(float(v) for v in re.findall(rf'^{name}{{model="tokenize_batched"[^}}]*}} ([0-9.e+]+)$', body, re.M))
+    return metric(server, name, model="tokenize_batched")
 
 
 @pytest.fixture(scope="module")

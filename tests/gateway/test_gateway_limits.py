@@ -5,17 +5,15 @@ cancelled), integer ranges, the bound on work per request, and no internal addre
 from __future__ import annotations
 
 import json
-import re
 import socket
 import struct
 import time
-import urllib.request
 
 import httpx
 import pytest
 from support.gateway import LOG_DIR, gateway_for
 from support.raw_http import connect, read_response, request, roundtrip
-from support.metrics import rose_metric, wait_idle
+from support.metrics import metric, rose_metric, wait_idle
 
 from rose_backend.launch.deployment import free_ports
 
@@ -43,12 +41,6 @@ def embed(gw, payload) -> httpx.Response:
 def assert_serving(gw):
     r = embed(gw, {"input": "still serving"})
     assert r.status_code == 200, r.text
-
-
-def metric(url: str, name: str, labels: str = "") -> float:
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    m = re.search(rf"^{name}{{{labels}}} ([0-9.e+]+)$" if labels else rf"^{name} ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 def texts(n: int, words: int = 200) -> list[str]:
@@ -81,7 +73,7 @@ def test_connection_cap_answers_503_in_json_and_slow_heads_get_408(gw):
         for s in held:
             s.close()
     assert_serving(gw)
-    assert metric(gw.url + "/metrics", "rose_gateway_requests_total", 'endpoint="connection",status="503"') >= 20 - CAP
+    assert metric(gw.url + "/metrics", "rose_gateway_requests_total", endpoint="connection", status="503") >= 20 - CAP
 
 
 def test_at_the_cap_an_idle_keep_alive_connection_makes_room(gw):
@@ -229,7 +221,7 @@ def reset(s: socket.socket) -> None:
 
 def test_a_client_reset_is_counted_as_499_not_an_error(gw, server):
     log = LOG_DIR / "gateway-limits.log"
-    before = metric(gw.url + "/metrics", "rose_gateway_requests_total", 'endpoint="embeddings",status="499"')
+    before = metric(gw.url + "/metrics", "rose_gateway_requests_total", endpoint="embeddings", status="499")
     s = connect(gw)                                      # reset while sending the body
     s.sendall(request("/v1/embeddings", headers={"Content-Length": "1000"}) + b'{"input": "')
     time.sleep(0.3)
@@ -240,10 +232,10 @@ def test_a_client_reset_is_counted_as_499_not_an_error(gw, server):
     reset(s)
     deadline = time.monotonic() + 10
     while metric(gw.url + "/metrics", "rose_gateway_requests_total",
-                 'endpoint="embeddings",status="499"') < before + 2:
+                 endpoint="embeddings", status="499") < before + 2:
         assert time.monotonic() < deadline, "the resets were not counted as 499"
         time.sleep(0.1)
-    assert metric(gw.url + "/metrics", "rose_gateway_requests_total", 'endpoint="embeddings",status="500"') == 0
+    assert metric(gw.url + "/metrics", "rose_gateway_requests_total", endpoint="embeddings", status="500") == 0
     text = log.read_text()
     assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
     wait_idle(server)                    # what of its work was running at the server (see below) is done

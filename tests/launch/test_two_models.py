@@ -8,16 +8,18 @@ A --reranker folder that is not a reranker is refused in one line.
 """
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from rose_testing.compare import cos_dist
+from rose_testing.waiting import wait_until
+from support.metrics import metric
 
 pytestmark = pytest.mark.server
 
@@ -45,16 +47,12 @@ def launch(reranker_folder):
 
 
 def _cosine_gap(got: np.ndarray, ref: np.ndarray) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
-    return float((1 - cos).max())
+    return float(cos_dist(got, ref).max())
 
 
 def _sequences(launch, model: str) -> float:
     """rose_sequences_total of one `rose` engine (the metrics' model label)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{launch.ports.metrics}/metrics", timeout=10).read().decode()
-    return sum(float(v) for v in re.findall(rf'^rose_sequences_total{{[^}}]*model="{model}"[^}}]*}} ([0-9.e+]+)$',
-                                            text, re.M))
+    return metric(launch, "rose_sequences_total", model=model)
 
 
 def _settled(launch, model: str, timeout: float = 30.0) -> float:
@@ -70,10 +68,8 @@ def _settled(launch, model: str, timeout: float = 30.0) -> float:
 
 
 def _wait_sequences(launch, model: str, expected: float, timeout: float = 20.0) -> float:
-    end = time.monotonic() + timeout
-    while (got := _sequences(launch, model)) != expected and time.monotonic() < end:
-        time.sleep(0.25)
-    return got
+    wait_until(lambda: _sequences(launch, model) == expected, timeout, interval=0.25)
+    return _sequences(launch, model)
 
 
 def test_the_banner_names_both_models(launch, reranker_folder, default_model_dir):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rose_client import ServerError, StreamConnection
+from rose_client import ServerError
 
 pytestmark = pytest.mark.server
 
@@ -18,13 +18,6 @@ FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
 
 VOCAB = 30522
 DTYPES = [np.int32, np.int32, np.int32, np.int64, np.float32, np.bool_, "bytes"]
-
-
-@pytest.fixture(scope="module")
-def conn(server):
-    c = StreamConnection(server.grpc_url)
-    yield c
-    c.close()
 
 
 def check(fut, rows=None):

@@ -7,7 +7,6 @@ thin wrapper, since a CPU cannot run out of GPU memory); the rest run against re
 import signal
 import threading
 import time
-import urllib.request
 from collections import Counter
 
 import numpy as np
@@ -23,6 +22,8 @@ from rose_backend.serving.service import EmbeddingService
 from rose_testing.waiting import wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
 from rose_testing.compare import cos_dist
+from support.metrics import metric
+from support.requests import random_request
 
 HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[CLS] hello [SEP]"
 
@@ -60,12 +61,6 @@ class Slow:
         time.sleep(self.seconds)
         self.sequences += batch.num_seqs
         return self.engine.step(batch)
-
-
-def random_request(rng, n, max_len=60, vocab=30522):
-    lens = rng.integers(1, max_len, size=n).astype(np.int32)
-    ids = rng.integers(1000, vocab, size=int(lens.sum())).astype(np.int32)
-    return Request(ids, lens)
 
 
 def run_service(eng, requests, **kw):
@@ -223,14 +218,6 @@ def test_stop_answers_every_request_within_the_drain_time(engine):
 
 
 # ---- against real tritonservers -------------------------------------------------------------
-
-def metric(srv, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.metrics}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + "{"):
-                return float(line.split()[-1])
-    return 0.0
-
 
 def assert_error_then_serving(url, model, inputs, message):
     """The request gets an error matching `message`; the same stream then still answers."""
@@ -441,7 +428,7 @@ def test_sigterm_answers_requests_in_flight_then_exits():
         conns = [StreamConnection(srv.grpc_url) for _ in range(4)]
         try:
             futs = [conns[i % 4].infer("rose", rose_inputs(np.full(1024, 2000 + i, np.int32), np.full(8, 128, np.int32)))
-                    for i in range(48)]
+                    for i in range(24)]
             futs.append(conns[0].infer("embed", [("TEXT", ["in flight"] * 4)]))
             time.sleep(1.0)
             assert sum(f.done() for f in futs) < len(futs) // 2       # most are still in flight

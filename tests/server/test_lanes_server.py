@@ -3,41 +3,26 @@ and through the `embed` and `rerank` ensembles, which forward request parameters
 a query overtakes bulk work queued before it; the per-lane metrics."""
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 
 from rose_client.transport import ServerError, StreamConnection
+from rose_testing.waiting import wait_until
+from support.metrics import metric, series
+from support.requests import rose_inputs
 
 pytestmark = pytest.mark.server
 
 LANE_ERROR = r"request parameter 'lane' must be one of interactive, bulk, got 'fast'"
 
 
-def ids_request(seed: int, n: int, length: int):
-    rng = np.random.default_rng(seed)
-    return [("INPUT_IDS", rng.integers(1000, 30000, size=n * length).astype(np.int32)),
-            ("SEQ_LENS", np.full(n, length, np.int32))]
-
-
-def metrics(srv) -> dict[str, float]:
-    """{'name{labels}': value} of the metrics port's rose series."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.metrics}/metrics", timeout=5) as r:
-        lines = r.read().decode().splitlines()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("rose_")}
+ids_request = rose_inputs
 
 
 def lane_value(srv, name: str, lane: str, model: str = "rose", le: str | None = None) -> float:
-    want = {"lane": lane, "model": model, **({"le": le} if le else {})}
-    for key, value in metrics(srv).items():
-        base, _, labels = key.partition("{")
-        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if base == name and all(found.get(k) == v for k, v in want.items()):
-            return value
-    return 0.0
+    return metric(srv, name, lane=lane, model=model, **({"le": le} if le else {}))
 
 
 @pytest.mark.parametrize("lane,n,overtakes", [
@@ -83,13 +68,15 @@ def test_embed_forwards_the_lane_and_the_metrics_count_it(server):
         with pytest.raises(ServerError, match=LANE_ERROR):
             conn.infer("rose", ids_request(2, 1, 8), parameters={"lane": "fast"}).result(60)
         assert conn.infer("embed", [("TEXT", ["still serving"])]).result(60)["EMBEDDINGS"].shape == (1, 384)
-        time.sleep(2.5)
+        wait_until(lambda: lane_value(server, "rose_lane_batches_total", "bulk") >= before + 1
+                   and lane_value(server, "rose_lane_wait_seconds_count", "bulk") == waits_before + 1
+                   and lane_value(server, "rose_lane_wait_seconds_count", "interactive") >= 2, 10, interval=0.2)
         assert lane_value(server, "rose_lane_batches_total", "bulk") >= before + 1
         assert lane_value(server, "rose_lane_wait_seconds_count", "bulk") == waits_before + 1
         assert lane_value(server, "rose_lane_wait_seconds_bucket", "bulk", le="+Inf") == waits_before + 1
         assert lane_value(server, "rose_lane_wait_seconds_count", "interactive") >= 2
         assert lane_value(server, "rose_lane_queue_tokens", "bulk") == 0
-        assert "rose_lane_queue_tokens{" in " ".join(metrics(server))
+        assert any(labels.get("lane") for labels, _ in series(server, "rose_lane_queue_tokens"))
     finally:
         conn.close()
 

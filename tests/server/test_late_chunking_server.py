@@ -22,13 +22,6 @@ def reference(default_model_dir):
     return Reference(default_model_dir)
 
 
-@pytest.fixture(scope="module")
-def conn(server):
-    c = StreamConnection(server.grpc_url)
-    yield c
-    c.close()
-
-
 def late(conn, documents, task=None, parameters=None, outputs=None, model="embed"):
     inputs = [("TEXT", [c for d in documents for c in d]), ("DOC_CHUNKS", np.array([len(d) for d in documents], np.int32))]
     if task:

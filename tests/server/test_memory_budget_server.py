@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from rose_backend.engine.memory_budget import MIB, engine_budget
 from rose_backend.triton.model_settings import RoseSettings
 from rose_backend.launch.triton_install import LaunchError
 from support.server import running_server
+from support.metrics import series
 
 
 def deployed_budget():
@@ -28,9 +28,7 @@ def deployed_budget():
 
 
 def budget_gauges(server) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
-    return {m[0]: float(m[1]) for m in re.findall(r'^rose_memory_budget_bytes{[^}]*part="(\w+)"[^}]*} (\S+)$',
-                                                  text, re.M)}
+    return {labels["part"]: v for labels, v in series(server, "rose_memory_budget_bytes") if "part" in labels}
 
 
 def test_a_budget_over_memory_limit_mb_refuses_to_load_naming_each_part():

@@ -10,13 +10,6 @@ WORDS = "Paris is the capital of France and Berlin is the capital of Germany ".s
 
 
 @pytest.fixture(scope="module")
-def conn(server):
-    c = StreamConnection(server.grpc_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
 def hf_count(default_model_dir):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(default_model_dir))

@@ -10,10 +10,10 @@ import pytest
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.lanes import LanePolicy, parse_lane
-from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.triton.model_settings import RoseSettings
 from rose_testing.waiting import wait_until
+from support.requests import uniform_request
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,7 @@ def engine():
     return Engine(ModelConfig.from_folder(None))
 
 
-def request(seed, n, length, lane=None):
-    rng = np.random.default_rng(seed)
-    return Request(rng.integers(1000, 30000, size=n * length).astype(np.int32), np.full(n, length, np.int32),
-                   lane=lane)
+request = uniform_request
 
 
 def expected(engine, r):

@@ -7,7 +7,7 @@ import pytest
 
 from rose_backend.serving.warmup import DEFAULT_GPU_PRECAPTURE, precapture_plan
 from rose_backend.launch.supervision import cache_env
-from test_hardening import metric
+from support.metrics import metric
 
 
 def test_default_plans():

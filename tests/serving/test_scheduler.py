@@ -3,19 +3,10 @@ import numpy as np
 import pytest
 
 from rose_backend.serving.scheduler import Request, Scheduler
+from support.requests import drain, filled_request
 
 
-def req(*lens, tag=0, lane=None):
-    lens = np.array(lens, dtype=np.int32)
-    fill = tag if isinstance(tag, int) else 0
-    return Request(np.full(int(lens.sum()), fill, dtype=np.int32), lens, handle=tag, lane=lane)
-
-
-def drain(s):
-    out = []
-    while (b := s.next_batch()) is not None:
-        out.append(b)
-    return out
+req = filled_request
 
 
 def test_first_come_first_served_across_requests():

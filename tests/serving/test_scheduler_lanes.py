@@ -4,19 +4,11 @@ import numpy as np
 import pytest
 
 from rose_backend.serving.lanes import WAIT_BUCKETS_S
-from rose_backend.serving.scheduler import Request, Scheduler
+from rose_backend.serving.scheduler import Scheduler
+from support.requests import drain, filled_request
 
 
-def req(*lens, tag=0, lane=None):
-    lens = np.array(lens, dtype=np.int32)
-    return Request(np.full(int(lens.sum()), 7, dtype=np.int32), lens, handle=tag, lane=lane)
-
-
-def drain(s, **kw):
-    out = []
-    while (b := s.next_batch(**kw)) is not None:
-        out.append(b)
-    return out
+req = filled_request
 
 
 def order(batches):

@@ -10,10 +10,10 @@ import pytest
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
-from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_testing.waiting import wait_until
 from rose_backend.serving.stage_clock import StageClock
+from support.requests import uniform_request
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +22,7 @@ def engine():
 
 
 def request(seed, n=3, length=12):
-    rng = np.random.default_rng(seed)
-    return Request(rng.integers(1000, 30000, size=n * length).astype(np.int32), np.full(n, length, np.int32))
+    return uniform_request(seed, n, length)
 
 
 class Gate:
