@@ -91,21 +91,21 @@ def stop_and_check(run: LauncherRun, bound: float, busy: Stream | None = None, s
 
 
 @pytest.mark.server
-@pytest.mark.exclusive
 @pytest.mark.parametrize("n,models", [(1, ["embed"]), (50, ["embed", "rose", "tokenize"])],
                          ids=["1 idle stream", "50 idle streams"])
-def test_idle_streams_do_not_hold_the_stop(n, models):
+def test_idle_streams_do_not_hold_the_stop(n, models, alone):
     with LauncherRun() as run:
         assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output
         streams = idle_streams(run.grpc_url, n, models)
         busy = Stream(run.grpc_url)
         try:
-            for _ in range(3):                                   # in flight when SIGTERM comes
-                busy.send("embed", text(words=100, n=4))
-                busy.send("rose", token_ids(n=2, length=256))
-            time.sleep(0.1)
-            assert busy.answers.qsize() < 6                       # some were still being computed
-            stop_and_check(run, 8.0, busy, 6)
+            with alone():                                        # the stop is timed: no other worker's load
+                for _ in range(3):                               # in flight when SIGTERM comes
+                    busy.send("embed", text(words=100, n=4))
+                    busy.send("rose", token_ids(n=2, length=256))
+                time.sleep(0.1)
+                assert busy.answers.qsize() < 6                   # some were still being computed
+                stop_and_check(run, 8.0, busy, 6)
             _, error = streams[0].answers.get(timeout=10)         # an idle stream is told that it ended
             assert error is not None and "StatusCode.UNAVAILABLE" in str(error.status()), error
         finally:
@@ -131,8 +131,7 @@ def slow_upload(url: str, stop: threading.Event) -> socket.socket:
 
 
 @pytest.mark.server
-@pytest.mark.exclusive
-def test_a_slow_upload_and_200_idle_streams_stop_within_the_drain_bound(tmp_path):
+def test_a_slow_upload_and_200_idle_streams_stop_within_the_drain_bound(tmp_path, alone):
     drain = 4
     repo = repository_with({"rose": {"drain_timeout_s": str(drain)}}, tmp_path)
     with LauncherRun("--repository", str(repo)) as run:
@@ -141,8 +140,9 @@ def test_a_slow_upload_and_200_idle_streams_stop_within_the_drain_bound(tmp_path
         stop = threading.Event()
         upload = slow_upload(run.gateway_url, stop)
         try:
-            time.sleep(1.0)
-            seconds = stop_and_check(run, drain + 5.0)
+            with alone():                                         # the stop is timed: no other worker's load
+                time.sleep(1.0)
+                seconds = stop_and_check(run, drain + 5.0)
             assert seconds >= drain - 1                           # the gateway did wait for the upload
         finally:
             stop.set()
