@@ -64,7 +64,10 @@ class HFTokenizers(Adapter):
     name, module = "tokenizers", "tokenizers"
 
     def load(self, path, truncate):
-        self.tok = self.lib.Tokenizer.from_file(str(path))
+        self.configure(self.lib.Tokenizer.from_file(str(path)), truncate)
+
+    def configure(self, tok, truncate):
+        self.tok = tok
         self.tok.no_padding()
         if truncate:
             self.tok.enable_truncation(truncate)
@@ -89,22 +92,12 @@ class HFTokenizersFast(HFTokenizers):
         return self.tok.encode_batch_fast([text], add_special_tokens=True)[0].ids
 
 
-class Tokie(Adapter):
+class Tokie(HFTokenizers):
+    """tokie mirrors the `tokenizers` API; only the loader is named differently."""
     name, module = "tokie", "tokie"
 
     def load(self, path, truncate):
-        self.tok = self.lib.Tokenizer.from_json(str(path))
-        self.tok.no_padding()
-        if truncate:
-            self.tok.enable_truncation(truncate)
-        else:
-            self.tok.no_truncation()
-
-    def batch(self, texts):
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=True)]
-
-    def one(self, text):
-        return self.tok.encode(text, add_special_tokens=True).ids
+        self.configure(self.lib.Tokenizer.from_json(str(path)), truncate)
 
 
 class Fastokens(Adapter):
