@@ -65,12 +65,12 @@ serve: install
 	  $(if $(GPUS),--gpus "$(GPUS)") \
 	  $(if $(API_KEY_FILE),--api-key-file "$(API_KEY_FILE)")
 
-# Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one
-# worker): much of a server test is waiting on a server's start-up and shutdown, which the others
-# fill. A fresh clone on a quiet 2-core machine, 635 tests: 467 s of pytest with 3 workers, 416 s
-# with 4 (kept at 3: the timing-sensitive tests have less room with more workers than cores).
+# Four pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one
+# worker): much of a server test is waiting on a server's start-up and shutdown, or on a timeout it
+# checks, which the others fill; the timing-sensitive parts run alone (the `exclusive` marker and
+# the `alone` fixture of tests/conftest.py), whatever the worker count.
 test: $(VENV)/.test-installed
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 3 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 4 $(PYTEST_ARGS)
 
 # The GPU suite (run on a CUDA host; CI has none and skips it).
 test-gpu: $(VENV)/.test-installed

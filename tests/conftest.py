@@ -50,6 +50,25 @@ def shared_server():
         yield get
 
 
+# The rerankers' deployment: small batches, so that one request's pairs are spread over several
+# forward passes.
+RERANK_PARAMS = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "16"}}
+
+
+@pytest.fixture(scope="session")
+def reranker_server(shared_server, tmp_path_factory):
+    """reranker_server(kind) -> (folder, server): a random-weight reranker folder of that kind
+    (rose_testing.reranker_folders) served with RERANK_PARAMS, one per kind for the session."""
+    folders: dict = {}
+
+    def get(kind: str):
+        if kind not in folders:
+            from rose_testing.reranker_folders import write_reranker_folder
+            folders[kind] = write_reranker_folder(kind, tmp_path_factory.mktemp(kind) / "model")
+        return folders[kind], shared_server(RERANK_PARAMS, model_dir=str(folders[kind]), name=f"rerank-{kind}")
+    return get
+
+
 @pytest.fixture(scope="session")
 def server(shared_server):
     """The session's default server (DEFAULT_TEST_PARAMS, the default model)."""
@@ -92,20 +111,22 @@ def client(server):
     c.close()
 
 
-# `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
+# `make test` runs the suite on four pytest-xdist workers (-n 4). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
-# `replicas` are one unit (three servers, not six), and test_soak runs right after test_server on
-# the same session server. The longest units go first, so that neither worker is left with a long
-# one at the end. Each worker has its own session servers and checks its own leftovers; the
-# controller fails the run if a worker found any (pytest_testnodedown).
-GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server"}
+# `replicas` are one unit (three servers, not six), the reranker modules another (one server per
+# reranker kind), and test_soak runs right after test_server on the same session server; the
+# tests of a SPLIT module are units of their own. The longest units go first, so that no worker is
+# left with a long one at the end. Each worker has its own session servers and checks its own
+# leftovers; the controller fails the run if a worker found any (pytest_testnodedown).
+GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
+          "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
 # so that their minutes are spread over the workers.
 SPLIT = {"test_bench"}
 LONGEST_FIRST = ("test_server", "test_bench", "replicas", "test_supervision", "test_gateway_limits", "test_security",
                  "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
-                 "test_gateway_failover", "test_rerank_server")
+                 "test_gateway_failover", "rerankers")
 
 
 def module_group(nodeid: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from rose_client.transport import ServerError, StreamConnection
 from rose_testing.waiting import wait_until
-from support.metrics import metric, series
+from support.metrics import metric, series, wait_idle
 from support.requests import rose_inputs
 
 pytestmark = pytest.mark.server
@@ -81,25 +81,23 @@ def test_embed_forwards_the_lane_and_the_metrics_count_it(server):
         conn.close()
 
 
-def test_rerank_forwards_the_lane(tmp_path):
-    from support.server import running_server
-    from rose_testing.reranker_folders import words, write_reranker_folder
-    folder = write_reranker_folder("tiny-xlmr-ce", tmp_path / "model")
+def test_rerank_forwards_the_lane(reranker_server):
+    from rose_testing.reranker_folders import words
+    _, srv = reranker_server("tiny-xlmr-ce")
     rng = np.random.default_rng(3)
     query, docs = words(rng, 5), [words(rng, k) for k in (3, 40, 12, 7)]
-    inputs = [("QUERY", [query]), ("DOCUMENTS", docs)]
-    with running_server(str(folder), name="lanes-rerank") as srv:
-        conn = StreamConnection(srv.grpc_url)
-        try:
-            plain = conn.infer("rerank", inputs).result(120)["SCORES"]
-            bulk = conn.infer("rerank", inputs, parameters={"lane": "bulk"}).result(120)["SCORES"]
-            np.testing.assert_allclose(bulk, plain, atol=1e-6)
-            with pytest.raises(ServerError, match=LANE_ERROR):
-                conn.infer("rerank", inputs, parameters={"lane": "fast"}).result(60)
-            np.testing.assert_allclose(conn.infer("rerank", inputs).result(60)["SCORES"], plain, atol=1e-6)
-            deadline = time.monotonic() + 10
-            while lane_value(srv, "rose_lane_batches_total", "bulk") < 1 and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert lane_value(srv, "rose_lane_batches_total", "bulk") == 1
-        finally:
-            conn.close()
+    inputs = [("QUERY", [query]), ("DOCUMENTS", docs)]          # ~100 tokens: one batch
+    wait_idle(srv)                                               # the session server's counts hold still
+    before = lane_value(srv, "rose_lane_batches_total", "bulk")
+    conn = StreamConnection(srv.grpc_url)
+    try:
+        plain = conn.infer("rerank", inputs).result(120)["SCORES"]
+        bulk = conn.infer("rerank", inputs, parameters={"lane": "bulk"}).result(120)["SCORES"]
+        np.testing.assert_allclose(bulk, plain, atol=1e-6)
+        with pytest.raises(ServerError, match=LANE_ERROR):
+            conn.infer("rerank", inputs, parameters={"lane": "fast"}).result(60)
+        np.testing.assert_allclose(conn.infer("rerank", inputs).result(60)["SCORES"], plain, atol=1e-6)
+        wait_until(lambda: lane_value(srv, "rose_lane_batches_total", "bulk") > before, 10, interval=0.2)
+        assert lane_value(srv, "rose_lane_batches_total", "bulk") == before + 1
+    finally:
+        conn.close()

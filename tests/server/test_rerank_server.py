@@ -19,15 +19,11 @@ KINDS = ("tiny-bert-ce", "tiny-xlmr-ce", "tiny-qwen3-reranker")
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def served(request, tmp_path_factory):
-    from support.server import running_server
-    from rose_testing.reranker_folders import write_reranker_folder
-    name = request.param
-    folder = write_reranker_folder(name, tmp_path_factory.mktemp(name) / "model")
-    # small batches, so one request's pairs are spread over several forward passes
-    with running_server(str(folder), params={"rose": {"max_batch_tokens": "512", "max_batch_seqs": "16"}},
-                        name=f"rerank-{name}") as srv:
-        yield name, folder, srv
+def served(request, reranker_server):
+    """Each kind's session server (conftest's reranker_server: small batches, so one request's pairs
+    are spread over several forward passes)."""
+    folder, srv = reranker_server(request.param)
+    return request.param, folder, srv
 
 
 @pytest.fixture

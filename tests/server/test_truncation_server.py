@@ -71,10 +71,8 @@ def test_rose_counts_its_sequences_as_given(conn):
     assert set(conn.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(60)) == {"EMBEDDINGS"}
 
 
-def test_a_reranker_refuses_token_inputs_and_late_chunking(shared_server, tmp_path_factory):
-    from rose_testing.reranker_folders import write_reranker_folder
-    folder = write_reranker_folder("tiny-bert-ce", tmp_path_factory.mktemp("ce") / "model")
-    srv = shared_server(None, model_dir=str(folder), name="ce-counts")
+def test_a_reranker_refuses_token_inputs_and_late_chunking(reranker_server):
+    _, srv = reranker_server("tiny-bert-ce")
     c = StreamConnection(srv.grpc_url)
     try:
         ids, lens = np.array([101, 2000, 102, 2001, 102], np.int32), np.array([5], np.int32)
