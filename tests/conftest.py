@@ -122,9 +122,9 @@ GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_so
           "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
 # so that their minutes are spread over the workers.
-SPLIT = {"test_bench"}
-LONGEST_FIRST = ("test_server", "test_bench", "replicas", "test_supervision", "test_gateway_limits", "test_security",
-                 "test_two_models",
+SPLIT = {"test_bench", "test_fp8_accuracy"}
+LONGEST_FIRST = ("test_server", "test_bench", "test_fp8_accuracy", "replicas", "test_supervision", "test_gateway_limits",
+                 "test_security", "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
                  "test_gateway_failover", "rerankers")
 
