@@ -25,6 +25,22 @@ class PackedBatch:
         if not self.token_outputs <= set(TOKEN_OUTPUTS):
             raise ValueError(f"unknown token outputs {sorted(self.token_outputs - set(TOKEN_OUTPUTS))}")
 
+    @classmethod
+    def of_lists(cls, token_lists, type_lists=None) -> "PackedBatch":
+        """Token id (and segment id) lists -> one packed batch (tests and tools)."""
+        lens = np.array([len(t) for t in token_lists], dtype=np.int32)
+        ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
+        types = None if type_lists is None else np.concatenate([np.asarray(t, dtype=np.int32) for t in type_lists])
+        return cls(ids, lens, token_type_ids=types)
+
+    @classmethod
+    def filler(cls, num_seqs: int, num_tokens: int, vocab_size: int, rng) -> "PackedBatch":
+        """Random ids in num_seqs sequences of near-equal lengths, num_tokens in all (warm-up batches)."""
+        t = max(num_tokens, num_seqs)
+        lens = np.full(num_seqs, t // num_seqs, dtype=np.int32)
+        lens[: t % num_seqs] += 1
+        return cls(rng.integers(0, vocab_size, size=t, dtype=np.int32), lens)
+
     def embedding_positions(self, type_stride: int) -> np.ndarray:
         """positions() + token type * type_stride: the row of the position-and-segment table of
         models that read segment ids (models/bert.py); plain positions when there are none."""

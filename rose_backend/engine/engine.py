@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -31,6 +29,7 @@ from rose_backend.engine.graph_cache import GraphCache, Key, bucket_limits
 from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.memory_budget import check_fits, device_limit, engine_budget
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
+from rose_backend.engine.stats import EngineStats
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
 from rose_backend.layers.fp8 import quantize_for_fp8
@@ -40,23 +39,6 @@ from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class EngineStats:
-    batches: int = 0
-    tokens: int = 0                  # real tokens
-    sequences: int = 0
-    eager_runs: int = 0              # each batch is exactly one of eager_runs / graph_captures / graph_replays
-    graph_captures: int = 0
-    graph_replays: int = 0
-    padded_tokens: int = 0           # tokens run including bucket padding
-    unbucketed_runs: int = 0         # batches larger than every bucket (eager, unpadded; part of eager_runs)
-    capture_refused: int = 0         # captures skipped because the graph memory cap was reached
-    graphs: int = 0                  # graphs held now
-    graph_memory_bytes: int = 0      # allocator bytes reserved by graphs and their pool
-    capture_seconds: float = 0.0     # host time spent capturing
-    startup_seconds: float = 0.0     # Engine() construction, weights and pre-capture included
 
 
 class Engine:
@@ -81,6 +63,8 @@ class Engine:
                       is over it; None: on CUDA the free memory less a margin, on the CPU no check
         backend_table a BackendTable or a path to its JSON (default: engine/attention_table.json)
         fp8_min_tokens  FP8 projection GEMMs for batches of at least this many tokens (layers/fp8.py); None: off
+        weights_from  another Engine whose weights this one runs (the query lane, serving/query_lane.py):
+                      buckets, buffers, graphs and attention workspaces of its own, on a high-priority stream
     Each batch is run as exactly one of: eager (first sight of a configuration, or graphs off),
     capture (second sight: capture then replay), replay; `stats` counts them.
     """
@@ -90,7 +74,8 @@ class Engine:
                  graphs: bool | None = None, max_tokens: int | None = None, max_seqs: int | None = None,
                  max_inflight: int = 2, graph_memory_cap_bytes: int | None = None,
                  memory_limit_bytes: int | None = None,
-                 backend_table: BackendTable | str | None = None, fp8_min_tokens: int | None = None):
+                 backend_table: BackendTable | str | None = None, fp8_min_tokens: int | None = None,
+                 weights_from: "Engine | None" = None):
         t0 = time.perf_counter()
         self.cfg = cfg
         self.device = torch.device(device)
@@ -105,12 +90,16 @@ class Engine:
         limits = bucket_limits(cfg.max_positions)         # the serving defaults where none is given
         max_tokens, max_seqs = max_tokens or limits["max_tokens"], max_seqs or limits["max_seqs"]
         self.budget = engine_budget(cfg, self.device, self.dtype, self.attention, max_tokens, max_seqs, max_inflight,
-                                    graph_memory_cap_bytes, self.graphs_on, bool(fp8_min_tokens))   # before loading
+                                    graph_memory_cap_bytes, self.graphs_on, bool(fp8_min_tokens), weights_from is not None)
         check_fits(self.budget, device_limit(self.device, memory_limit_bytes), f"on {self.device}")
-        self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
-        quantize_for_fp8(self.model, self.device, fp8_min_tokens)         # dtype=fp8 (None: nothing)
-        self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
-        self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
+        self.stream = torch.cuda.Stream(self.device, priority=-1) if weights_from is not None and cuda else None
+        if weights_from is not None:
+            self.model, self.heads, self.head = weights_from.model, weights_from.heads, weights_from.head
+        else:
+            self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
+            quantize_for_fp8(self.model, self.device, fp8_min_tokens)         # dtype=fp8 (None: nothing)
+            self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
+            self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
         self.type_stride = cfg.max_positions if cfg.uses_token_types else 0
         self._backends: dict[str, AttentionBackend] = {}
         if self.attention is not None:
@@ -178,6 +167,12 @@ class Engine:
     # ---- the step ----
     def step(self, batch: PackedBatch) -> LazyTensor:
         """Launch the forward pass of `batch` and return a handle on its [S, D] embeddings."""
+        if self.stream is not None:
+            with torch.cuda.stream(self.stream):
+                return self._step(batch)
+        return self._step(batch)
+
+    def _step(self, batch: PackedBatch) -> LazyTensor:
         s, t = batch.num_seqs, batch.num_tokens
         if s == 0:
             return LazyTensor(torch.zeros(0, self.embedding_dim), None, 0)
@@ -335,16 +330,10 @@ class Engine:
         """Warm and capture each (num_seqs, num_tokens) configuration now (two steps each)."""
         rng = np.random.default_rng(0)
         for s, t in configs:
-            t = max(t, s)
-            lens = np.full(s, t // s, dtype=np.int32)
-            lens[: t % s] += 1
-            ids = rng.integers(0, self.cfg.vocab_size, size=t, dtype=np.int32)
-            for _ in range(2):
-                self.step(PackedBatch(ids, lens)).synchronize()
+            batch = PackedBatch.filler(s, t, self.cfg.vocab_size, rng)
+            self.step(batch).synchronize()
+            self.step(batch).synchronize()
 
     def embed(self, token_lists: list[list[int]], type_lists: list[list[int]] | None = None) -> np.ndarray:
         """Tests and tools: token id (and segment id) lists -> [n, D] float32 ([n, 1] scores), one batch."""
-        lens = np.array([len(t) for t in token_lists], dtype=np.int32)
-        ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
-        types = None if type_lists is None else np.concatenate([np.asarray(t, dtype=np.int32) for t in type_lists])
-        return self.step(PackedBatch(ids, lens, token_type_ids=types)).synchronize()
+        return self.step(PackedBatch.of_lists(token_lists, type_lists)).synchronize()

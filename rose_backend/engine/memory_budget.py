@@ -55,7 +55,7 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
-from rose_backend.engine.graph_cache import seq_buckets, token_buckets
+from rose_backend.engine.graph_cache import bucket_limits, seq_buckets, token_buckets
 from rose_backend.engine.staging import Layout
 from rose_backend.layers.attention import AttentionShape, available_backends, backend_class
 from rose_backend.layers.fp8 import fp8_copy_bytes
@@ -91,11 +91,14 @@ class MemoryBudget:
 
 
 def engine_budget(cfg: ModelConfig, device: str | torch.device, dtype: torch.dtype, attention: str | None = None,
-                  max_tokens: int = 65536, max_seqs: int = 512, max_inflight: int = 2,
+                  max_tokens: int | None = None, max_seqs: int | None = None, max_inflight: int = 2,
                   graph_memory_cap_bytes: int | None = None, graphs: bool | None = None,
-                  fp8: bool = False) -> MemoryBudget:
+                  fp8: bool = False, shared_weights: bool = False) -> MemoryBudget:
     """The budget of Engine(cfg, device, dtype, attention, max_tokens=..., ...) (same defaults);
-    fp8: the engine also holds FP8 copies of the projections (layers/fp8.py)."""
+    fp8: the engine also holds FP8 copies of the projections (layers/fp8.py); shared_weights: it runs
+    another engine's weights (Engine(weights_from=...)), so they are not counted again."""
+    limits = bucket_limits(cfg.max_positions)
+    max_tokens, max_seqs = max_tokens or limits["max_tokens"], max_seqs or limits["max_seqs"]
     device = torch.device(device)
     cuda = device.type == "cuda"
     graphs = cuda if graphs is None else graphs
@@ -105,7 +108,7 @@ def engine_budget(cfg: ModelConfig, device: str | torch.device, dtype: torch.dty
     words = Layout(sb, tb).words * 4
     ring = 0 if cuda else (max_inflight + 1) * (words + (sb + 1) * cfg.embedding_dim * 4)
     pool = 0 if not graphs else (act if graph_memory_cap_bytes is None else graph_memory_cap_bytes)
-    weights = weight_bytes(cfg, elt) + (fp8_copy_bytes(cfg) if fp8 else 0)
+    weights = 0 if shared_weights else weight_bytes(cfg, elt) + (fp8_copy_bytes(cfg) if fp8 else 0)
     return MemoryBudget(weights=weights, graphs=pool,
                         workspace=workspace_bytes(cfg, device, dtype, attention), buffers=words + ring,
                         activations=act)

@@ -47,3 +47,10 @@ class ServiceStats:
     batches: int = 0
     batch_tokens: int = 0
     oom_splits: int = 0             # batches that ran out of memory and were split and retried
+
+
+def drop_caller_objects(r) -> None:
+    """The default release: the caller's objects (its response handle, its cancellation check) go as
+    soon as the request is answered. Triton counts a request in flight until its sender and request
+    are gone, and unloading the model at shutdown waits for that."""
+    r.handle = r.is_cancelled = None

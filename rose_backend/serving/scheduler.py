@@ -193,10 +193,15 @@ class Scheduler:
             pool.remove(req)
             self._count(req.lane, -int(req.offsets[-1] - req.offsets[req.next_seq]), req.next_seq - req.num_seqs)
 
-    def next_batch(self, bulk_tokens: int | None = None) -> ScheduledBatch | None:
+    def next_batch(self, bulk_tokens: int | None = None, lane: str | None = None) -> ScheduledBatch | None:
         """The next batch: interactive sequences first, then bulk ones, at most `bulk_tokens` of
         them (None: up to the budget; 0: none) unless interactive work waits beyond this batch, when
-        bulk keeps its share (bulk_min_share of the tokens and sequences, at least one sequence)."""
+        bulk keeps its share (bulk_min_share of the tokens and sequences, at least one sequence).
+        lane: one lane's sequences only, up to the whole budget (the query lane's two engines)."""
+        if lane is not None:
+            pieces: list[Piece] = []
+            self._take(lane, pieces, 0, 0, self.max_batch_tokens, self.max_batch_seqs, time.monotonic())
+            return ScheduledBatch.of(pieces) if pieces else None
         inter, bulk = self.pools[INTERACTIVE], self.pools[BULK]
         tokens_for_inter, seqs_for_inter = self.max_batch_tokens, self.max_batch_seqs
         bulk_room = self.max_batch_tokens if bulk_tokens is None else bulk_tokens

@@ -43,7 +43,10 @@ from rose_backend.serving.inline_worker import IdleInlineWorker
 from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy, LaneSettings
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.oom_retry import retry_in_halves
-from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, is_out_of_memory
+from rose_backend.serving.outcomes import (CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, drop_caller_objects,
+                                           is_out_of_memory)
+from rose_backend.serving.query_lane import QueryLane
+from rose_backend.serving.query_lane import next_batch as next_of_two
 from rose_backend.serving.responders import Responders
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
 
@@ -55,7 +58,7 @@ class EmbeddingService(IdleInlineWorker):
                  max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 1 << 20,
                  inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
                  host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
-                 release: Callable[[Request], None] | None = None):
+                 release: Callable[[Request], None] | None = None, query_engine=None):
         """Limits as the `rose` parameters of the same names, with their defaults (RoseSettings;
         tests/triton/test_settings.py holds the two together); lane_settings: a LaneSettings, or any settings
         with its fields (RoseSettings), steering the lanes; inline: run a lone request on the submitting
@@ -63,7 +66,8 @@ class EmbeddingService(IdleInlineWorker):
         seq, {name: rows}): takes a piece's sparse / ColBERT rows as its batch is collected (views of
         reused buffers: valid in the call and the on_complete it leads to); response_threads,
         host_memory_trim: as the `rose` parameters (responders.py, memory.py); release(request): lets
-        go of the caller's objects once the request is answered (default drop_caller_objects)."""
+        go of the caller's objects once the request is answered (default drop_caller_objects);
+        query_engine: an Engine on the same weights for interactive batches (query_lane.py), or None."""
         super().__init__("rose-scheduler")
         self.engine = engine
         self.on_complete = on_complete
@@ -80,6 +84,7 @@ class EmbeddingService(IdleInlineWorker):
         self.max_queued_tokens = max_queued_tokens          # 0: unbounded
         self.stats = ServiceStats()
         self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
+        self.query = None if query_engine is None else QueryLane(query_engine)
         self._host_memory = HostMemoryTrimmer(host_memory_trim)
         self._responders = Responders(response_threads, self._answer, clock=clock)
         self._thread.start()
@@ -99,7 +104,7 @@ class EmbeddingService(IdleInlineWorker):
                              f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
         self.stats.requests += 1
         self.lanes.seen(lane, time.monotonic())
-        inline = (self.inline and not self._busy and not self._inflight and not self.scheduler.has_work()
+        inline = (self.inline and not self._busy and not self._running() and not self.scheduler.has_work()
                   and request.num_tokens <= self.scheduler.max_batch_tokens
                   and request.num_seqs <= self.scheduler.max_batch_seqs)
         if inline:
@@ -136,38 +141,41 @@ class EmbeddingService(IdleInlineWorker):
         while True:
             batch = None
             with self._cond:
-                while not self._abort and not self._inflight and (
+                while not self._abort and not self._running() and (
                         self._busy or (not self._stopping and not self.scheduler.has_work())):
                     self._cond.wait()             # idle, or an inline request owns the engine
-                if self._stopping and not self.scheduler.has_work() and not self._inflight:
+                if self._stopping and not self.scheduler.has_work() and not self._running():
                     return
                 if self._abort:
                     self._abort_all()
                     return
-                held = False                      # bulk held back by the LanePolicy
-                if len(self._inflight) < self.max_inflight and not self._busy:
+                held, engine = False, None        # held: bulk held back (LanePolicy), or two engines running
+                if self.query is not None and not self._busy:
+                    batch, engine = next_of_two(self)
+                    held = batch is None and self._running()
+                elif len(self._inflight) < self.max_inflight and not self._busy:
                     batch = self.scheduler.next_batch(self._bulk_room())
-                    self._busy = batch is not None     # no inline step until this one is launched
                     held = batch is None and bool(self._inflight) and self.scheduler.has_work(BULK)
-                    if held:                      # an interactive request may come before the oldest is done
-                        self._wait_oldest_or_interactive()
+                self._busy = batch is not None         # no inline step until this one is launched
+                if held:                          # an interactive request may come before the oldest is done
+                    self._wait_oldest_or_interactive()
                 gone = self.scheduler.take_cancelled()
             try:
                 for r in gone:
                     self._finish_cancelled(r)
                 if batch is not None:             # the device first: launch, then answer what finished
                     try:
-                        self._launch(batch)
+                        self._launch(batch, engine)
                     finally:
                         with self._cond:
                             self._busy = False
                     self._collect(block=False)
-                elif self._inflight:
+                elif self._running():
                     self._collect(block=not held)
             except Exception:  # never let the loop die: that would strand every request
                 log.exception("scheduler loop error")
             del batch, gone                   # hold no finished request while waiting (see release)
-            self._host_memory.maybe_trim(idle=not self._inflight and not self.scheduler.has_work())
+            self._host_memory.maybe_trim(idle=not self._running() and not self.scheduler.has_work())
 
     def _abort_all(self) -> None:
         """Called with the lock held when stop()'s time is up: answer everything still waiting."""
@@ -177,7 +185,7 @@ class EmbeddingService(IdleInlineWorker):
         self._cond.release()
         try:
             try:
-                while self._inflight:
+                while self._running():
                     self._collect(block=True)
             except Exception:
                 log.exception("collecting a batch during shutdown failed")
@@ -198,9 +206,16 @@ class EmbeddingService(IdleInlineWorker):
     def _wait_oldest_or_interactive(self, poll_s: float = 0.0002) -> None:
         """With the lock held: wait until the oldest batch in flight is done, an interactive request
         is admitted (submit() notifies) or the service stops; the oldest batch is polled."""
-        oldest = self._inflight[0][1]
-        while not (oldest.ready() or self.scheduler.has_work(INTERACTIVE) or self._stopping):
+        oldest = [q[0][1] for q in self._queues() if q]
+        while not (any(h.ready() for h in oldest) or self._stopping or (
+                self.scheduler.has_work(INTERACTIVE) and (self.query is None or self.query.free()))):
             self._cond.wait(poll_s)
+
+    def _queues(self) -> list:            # the batches in flight, per engine: the main one's, the query one's
+        return [self._inflight] if self.query is None else [self._inflight, self.query.inflight]
+
+    def _running(self) -> bool:
+        return any(self._queues())
 
     def _run_inline(self, r: Request) -> None:
         """Launch one whole request now, from the calling thread (the service is idle and owns no
@@ -210,21 +225,21 @@ class EmbeddingService(IdleInlineWorker):
         self.scheduler.stats.waited(r.lane, time.monotonic() - r.admitted_at)
         self._launch(ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs))
 
-    def _mark(self, batch: ScheduledBatch, stage: str | None = None) -> None:
+    def _mark(self, batch: ScheduledBatch, stage: str | None = None, engine=None) -> None:
         """Stage timing: `stage` now, or (None) the engine's own stages of the step just launched."""
         if self.clock is not None:
-            marks = [(stage, time.perf_counter_ns())] if stage else getattr(self.engine, "last_marks", None) or ()
+            marks = [(stage, time.perf_counter_ns())] if stage else getattr(engine or self.engine, "last_marks", None) or ()
             for name, t in marks:
                 for p in batch.pieces:
                     self.clock.mark(p.request, name, t)
 
-    def _launch(self, batch: ScheduledBatch) -> None:
+    def _launch(self, batch: ScheduledBatch, engine=None) -> None:
         batch = batch.live()                  # a request may have failed since it was scheduled
         if batch is None:
             return
         self._mark(batch, "scheduled")
         try:
-            handle = self.engine.step(batch.pack())
+            handle = (engine or self.engine).step(batch.pack())
         except Exception as e:
             if is_out_of_memory(e):
                 retry_in_halves(self, batch, e)
@@ -233,15 +248,21 @@ class EmbeddingService(IdleInlineWorker):
                           batch.num_seqs, batch.num_tokens)
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
             return
-        self._mark(batch)
+        self._mark(batch, engine=engine)
         with self._cond:
             self.stats.batches += 1
             self.stats.batch_tokens += batch.num_tokens
             for lane in batch.lanes():
                 self.scheduler.stats.batches[lane] += 1
-            self._inflight.append((batch, handle))      # after an inline launch, the loop thread wakes now
+            on_query = self.query is not None and engine is self.query.engine
+            (self.query.inflight if on_query else self._inflight).append((batch, handle))   # an inline launch wakes the loop
 
     def _collect(self, block: bool) -> None:
+        q = self.query.inflight if self.query is not None else ()   # the query engine's batch when done
+        while q and (q[0][1].ready() or (block and not self._inflight)):   # (blocks only if nothing else runs)
+            self._collect_one(*q[0])
+            with self._cond:
+                q.popleft()
         while self._inflight and (block or self._inflight[0][1].ready()):
             batch, handle = self._inflight[0]
             self._collect_one(batch, handle)
@@ -262,7 +283,7 @@ class EmbeddingService(IdleInlineWorker):
     def _deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None = None) -> None:
         token = 0                                                # first token of the piece in the batch
         # Hand answers to the responders unless this is a lone request on an idle service.
-        hand_off = bool(self._responders) and (len(batch.pieces) > 1 or len(self._inflight) > 1
+        hand_off = bool(self._responders) and (len(batch.pieces) > 1 or sum(map(len, self._queues())) > 1
                                               or self.scheduler.has_work())
         for p in batch.pieces:
             r = p.request
@@ -327,9 +348,3 @@ class EmbeddingService(IdleInlineWorker):
             self.clock.finish(r, "+".join(sorted(r.token_outputs)))   # dense-only: ungrouped
         self.release(r)
 
-
-def drop_caller_objects(r: Request) -> None:
-    """The default release: the caller's objects (its response handle, its cancellation check) go as
-    soon as the request is answered. Triton counts a request in flight until its sender and request
-    are gone, and unloading the model at shutdown waits for that."""
-    r.handle = r.is_cancelled = None

@@ -85,6 +85,14 @@ class RoseModel(DecoupledModel):
                     f"rose: the graph pool reached graph_memory_mb={s.graph_memory_mb} during warm-up "
                     f"({self.engine.stats.graph_memory_bytes / MIB:.0f} MiB held, {self.engine.stats.graphs} graphs): "
                     f"configurations past it run eagerly; raise graph_memory_mb or shorten precapture")
+            query_engine = None                     # interactive_stream=on: the query lane's engine
+            if s.interactive_stream == "on":
+                query_engine = Engine(cfg, device=device, dtype=dtype, attention=s.attention or None,
+                                      **s.engine_limits(cfg), max_inflight=1, graphs=s.graphs,
+                                      graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
+                                      memory_limit_bytes=self.memory_limit, weights_from=self.engine)
+                query_engine.mark_stages = StageClock.from_env("rose") is not None
+                query_engine.precapture([c for c in warm if c[1] <= s.bulk_threshold_tokens])
             cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
                                         max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens,
@@ -104,7 +112,7 @@ class RoseModel(DecoupledModel):
                 max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
                 inline=inline == "true", clock=self.clock, on_piece=on_piece,
                 response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
-                release=_release)
+                release=_release, query_engine=query_engine)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])

@@ -1,0 +1,38 @@
+"""The query lane's two engines on one GPU (Engine(weights_from=...), serving/query_lane.py): a
+small batch on the query engine's high-priority stream launched while a large batch runs on the main
+engine's stream, both through CUDA graphs (eager, capture, replay), each equal to what the main
+engine gives alone and within the bf16 gate of the float32 Hugging Face reference."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rose_backend.config import ModelConfig
+from rose_backend.engine.batch import PackedBatch
+from rose_backend.engine.engine import Engine
+from rose_testing.compare import cos_dist
+from rose_testing.folders import make_folder
+from rose_testing.reference import Reference
+
+
+def test_two_engines_on_one_set_of_weights_run_side_by_side(gpu_tmp):
+    folder = make_folder("tiny-xlm-roberta", gpu_tmp / "query-lane-xlmr", device="cuda")
+    cfg = ModelConfig.from_folder(folder)
+    main = Engine(cfg, "cuda", attention="torch_varlen")
+    query = Engine(cfg, "cuda", attention="torch_varlen", max_inflight=1, weights_from=main)
+    assert query.model is main.model and query.stream is not None and query.stream.priority < 0
+    rng = np.random.default_rng(5)
+    big = [rng.integers(5, cfg.vocab_size - 1, size=400).tolist() for _ in range(20)]
+    small = [rng.integers(5, cfg.vocab_size - 1, size=33).tolist()]
+    want_big, want_small = main.embed(big), main.embed(small)
+    for _ in range(3):                                     # eager, capture, replay on each engine
+        h_big = main.step(PackedBatch.of_lists(big))
+        h_small = query.step(PackedBatch.of_lists(small))  # launched while the big batch may still run
+        got_small, got_big = h_small.synchronize(), h_big.synchronize()
+        np.testing.assert_allclose(got_big, want_big, atol=2e-3)
+        np.testing.assert_allclose(got_small, want_small, atol=2e-3)
+    assert query.stats.graph_replays >= 1 and main.stats.graph_replays >= 1
+    ref = Reference(folder, device="cuda")
+    assert float(cos_dist(got_small, ref.embed(small)).max()) < 1e-3
+    assert float(cos_dist(got_big[:3], ref.embed(big[:3])).max()) < 1e-3
+    torch.cuda.synchronize()

@@ -1,0 +1,25 @@
+"""`rose` with interactive_stream=on on a real tritonserver (CPU): the query lane's second engine
+loads beside the main one, and queries and bulk requests sent together over gRPC are answered with
+what sentence-transformers gives for the same texts."""
+import threading
+
+from rose_testing.compare import cos_dist
+
+
+def test_queries_and_bulk_through_the_query_lane_match_sentence_transformers(sentence_model):
+    from rose_client import EmbeddingClient
+    from support.server import running_server
+    queries = [f"where is the capital of country number {i}?" for i in range(6)]
+    bulk = [f"document {i}: re-indexing a corpus takes the whole night on a busy cluster." for i in range(200)]
+    got = {}
+    with running_server(params={"rose": {"interactive_stream": "on"}}, name="query-lane", timeout=180) as srv:
+        with EmbeddingClient(srv.grpc_url) as client:
+            t = threading.Thread(target=lambda: got.setdefault("bulk", client.embed(bulk, lane="bulk")))
+            t.start()
+            got["queries"] = [client.embed([q], lane="interactive")[0] for q in queries]
+            t.join(120)
+        log = open(srv.log_file).read()
+    assert "rose: cannot start" not in log
+    for texts, key in ((queries, "queries"), (bulk, "bulk")):
+        gap = cos_dist(got[key], sentence_model.encode(texts, normalize_embeddings=True))
+        assert float(gap.max()) < 1e-5, (key, float(gap.max()))
