@@ -152,7 +152,7 @@ class EmbeddingService(IdleInlineWorker):
                 held, engine = False, None        # held: bulk held back (LanePolicy), or two engines running
                 if self.query is not None and not self._busy:
                     batch, engine = next_of_two(self)
-                    held = batch is None and self._running()
+                    held = batch is None and any(BULK in b.lanes() for b, _ in self._inflight)
                 elif len(self._inflight) < self.max_inflight and not self._busy:
                     batch = self.scheduler.next_batch(self._bulk_room())
                     held = batch is None and bool(self._inflight) and self.scheduler.has_work(BULK)

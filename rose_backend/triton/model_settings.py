@@ -147,9 +147,9 @@ class RoseSettings(_Settings):
     interactive_recent_ms  interactive traffic counts as recent for this long after the last
                          interactive request; with none for that long, bulk batches fill the whole
                          budget (default 1000)
-    interactive_stream   on | off (default off): interactive batches on a second engine on the same
-                         weights, on a high-priority CUDA stream, beside the bulk batches in flight
-                         (serving/query_lane.py); bulk batches then fill the budget
+    interactive_stream   off | on | auto (on with a GPU) (default off): interactive batches on a second
+                         engine on the same weights, on a high-priority CUDA stream, beside the bulk
+                         batches in flight (serving/query_lane.py); bulk batches then fill the budget
     """
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "response_threads": 0,
@@ -199,8 +199,8 @@ class RoseSettings(_Settings):
         if self.host_memory_trim not in HostMemoryTrimmer.MODES:
             raise ValueError(f"model 'rose': parameter 'host_memory_trim' must be one of "
                              f"{', '.join(HostMemoryTrimmer.MODES)}, got {self.host_memory_trim!r}")
-        if self.interactive_stream not in ("on", "off"):
-            raise ValueError(f"model 'rose': parameter 'interactive_stream' must be on or off, "
+        if self.interactive_stream not in ("auto", "on", "off"):
+            raise ValueError(f"model 'rose': parameter 'interactive_stream' must be auto, on or off, "
                              f"got {self.interactive_stream!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"model 'rose': parameter 'cuda_graphs' must be auto, on or off, got {self.cuda_graphs!r}")

@@ -85,8 +85,8 @@ class RoseModel(DecoupledModel):
                     f"rose: the graph pool reached graph_memory_mb={s.graph_memory_mb} during warm-up "
                     f"({self.engine.stats.graph_memory_bytes / MIB:.0f} MiB held, {self.engine.stats.graphs} graphs): "
                     f"configurations past it run eagerly; raise graph_memory_mb or shorten precapture")
-            query_engine = None                     # interactive_stream=on: the query lane's engine
-            if s.interactive_stream == "on":
+            query_engine = None                     # interactive_stream: the query lane's engine (auto: a GPU's)
+            if s.interactive_stream == "on" or (s.interactive_stream == "auto" and self.engine.device.type == "cuda"):
                 query_engine = Engine(cfg, device=device, dtype=dtype, attention=s.attention or None,
                                       **s.engine_limits(cfg), max_inflight=1, graphs=s.graphs,
                                       graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
