@@ -158,15 +158,18 @@ def remove(procs: dict[int, str], segs: list[str]) -> None:
 
 
 def aborted_at_start(returncode: int | None, log_file) -> bool:
-    """True when tritonserver died of SIGABRT with "epoll_wait error: Bad file descriptor" (Triton
-    2.51's gRPC event engine) as its log's last words: an abort as it starts that a second start
-    does not repeat (2 of 13 full CPU test runs of 2026-11-30). TritonProcess.wait_ready starts such
-    a server once more."""
+    """True when tritonserver died of SIGABRT as it started with one of the two aborts of Triton
+    2.51 that a second start does not repeat as its log's last words: "epoll_wait error: Bad file
+    descriptor" (its gRPC event engine; 2 of 13 full CPU test runs of 2026-11-30) or the Python
+    backend's "boost::interprocess::lock_exception" (its shared-memory mutex timing out while it
+    starts model instances on a host starved of CPU; triton-inference-server/server#5949, #8882).
+    TritonProcess.wait_ready starts such a server once more."""
     if returncode != -signal.SIGABRT or not log_file:
         return False
     try:
         with open(log_file, "rb") as f:
             f.seek(max(0, os.path.getsize(log_file) - 4096))
-            return b"epoll_wait error" in f.read()
+            tail = f.read()
+        return b"epoll_wait error" in tail or b"boost::interprocess::lock_exception" in tail
     except OSError:
         return False

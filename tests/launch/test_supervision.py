@@ -371,3 +371,16 @@ def test_a_missing_model_folder_is_one_clear_line(tmp_path):
     assert r.returncode == 1, r.stderr
     assert f"rose: model folder {tmp_path / 'missing'} does not exist" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("last_words,restart", [
+    (b"E1201 grpc_server.cc] epoll_wait error: Bad file descriptor\n", True),
+    (b"terminate called after throwing an instance of 'boost::interprocess::lock_exception'\n"
+     b"  what():  boost::interprocess::lock_exception\n", True),
+    (b"E1201 model_lifecycle.cc] failed to load 'rose'\n", False)])
+def test_only_the_known_start_up_aborts_are_started_again(tmp_path, last_words, restart):
+    from rose_backend.launch.supervision import aborted_at_start
+    log = tmp_path / "triton.log"
+    log.write_bytes(b"I1201 model_lifecycle.cc] loading: rose:1\n" * 200 + last_words)
+    assert aborted_at_start(-signal.SIGABRT, log) is restart
+    assert aborted_at_start(1, log) is False                 # not an abort: an error to report
