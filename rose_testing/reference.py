@@ -28,29 +28,32 @@ class Reference:
 
     def hidden(self, ids):
         """Final hidden states [L, H] (float32, on the CPU) of one sequence."""
+        return self.hidden_batch([ids])[0].cpu()
+
+    def hidden_batch(self, token_lists):
+        """Final hidden states [B, L, H] (float32, on the device) of sequences of one length L,
+        run together unpadded (no mask needed)."""
         import torch
 
         with torch.inference_mode():
-            x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)[None]
+            x = torch.as_tensor(np.asarray(token_lists, dtype=np.int64), device=self.device)
             if self.cfg.is_decoder:
                 # Qwen3Model builds a causal mask; a precomputed mapping of None gives no mask at all
                 mask = None if self.cfg.causal else {"full_attention": None}
-                h = self.model(input_ids=x, attention_mask=mask).last_hidden_state[0]
+                h = self.model(input_ids=x, attention_mask=mask).last_hidden_state
             else:
-                h = self.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0]
-        return h.float().cpu()
+                h = self.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
+        return h.float()
 
-    def embed(self, token_lists) -> np.ndarray:
+    def pool(self, h):
+        """[B, L, H] hidden states -> [B, D] embeddings, pooled (and normalized) as the folder says."""
         import torch
 
-        out = []
-        for ids in token_lists:
-            h = self.hidden(ids)
-            e = {"cls": h[0], "mean": h.mean(0), "lasttoken": h[-1]}[self.cfg.pooling]
-            if self.cfg.normalize:
-                e = torch.nn.functional.normalize(e, dim=-1)
-            out.append(e.numpy())
-        return np.stack(out)
+        e = {"cls": h[:, 0], "mean": h.mean(1), "lasttoken": h[:, -1]}[self.cfg.pooling]
+        return torch.nn.functional.normalize(e, dim=-1) if self.cfg.normalize else e
+
+    def embed(self, token_lists) -> np.ndarray:
+        return np.stack([self.pool(self.hidden(ids)[None])[0].numpy() for ids in token_lists])
 
     def close(self) -> None:
         import torch

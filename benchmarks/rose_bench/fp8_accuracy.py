@@ -101,30 +101,17 @@ def tokenize(tokenizer_json: Path, sentences: list[str], max_len: int, vocab_siz
 
 def reference_embed(folder: Path, seqs: list[list[int]], device: str, max_batch_tokens: int) -> np.ndarray:
     """float32 Hugging Face embeddings, sequences of one length batched together (no padding, no mask)."""
-    import torch
-
     from rose_testing.reference import Reference
     ref = Reference(folder, device=device)
-    cfg = ref.cfg
-    out = np.zeros((len(seqs), cfg.embedding_dim), np.float32)
+    out = np.zeros((len(seqs), ref.cfg.embedding_dim), np.float32)
     by_len: dict[int, list[int]] = {}
     for i, s in enumerate(seqs):
         by_len.setdefault(len(s), []).append(i)
-    with torch.inference_mode():
-        for length, rows in sorted(by_len.items()):
-            step = max(1, max_batch_tokens // length)
-            for a in range(0, len(rows), step):
-                idx = rows[a:a + step]
-                x = torch.tensor([seqs[i] for i in idx], dtype=torch.int64, device=device)
-                if cfg.is_decoder:
-                    mask = None if cfg.causal else {"full_attention": None}
-                    h = ref.model(input_ids=x, attention_mask=mask).last_hidden_state.float()
-                else:
-                    h = ref.model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state.float()
-                e = {"cls": h[:, 0], "mean": h.mean(1), "lasttoken": h[:, -1]}[cfg.pooling]
-                if cfg.normalize:
-                    e = torch.nn.functional.normalize(e, dim=-1)
-                out[idx] = e.cpu().numpy()
+    for length, rows in sorted(by_len.items()):
+        step = max(1, max_batch_tokens // length)
+        for a in range(0, len(rows), step):
+            idx = rows[a:a + step]
+            out[idx] = ref.pool(ref.hidden_batch([seqs[i] for i in idx])).cpu().numpy()
     ref.close()
     return out
 

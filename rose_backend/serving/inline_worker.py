@@ -23,6 +23,7 @@ subclass starts self._thread once its own state is set.
 """
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 
@@ -31,7 +32,7 @@ from rose_backend.serving.outcomes import SHUTTING_DOWN, ShuttingDown
 log = logging.getLogger(__name__)
 
 
-class IdleInlineWorker:
+class IdleInlineWorker(abc.ABC):
     def __init__(self, thread_name: str):
         self._cond = threading.Condition()
         self._stopping = False
@@ -67,14 +68,18 @@ class IdleInlineWorker:
     def _time_up(self, timeout: float) -> None:
         """stop()'s time ran out with the worker still busy (before _abort is set)."""
 
+    @abc.abstractmethod
     def _admit(self, job) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _run_inline(self, job) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _end_inline(self, job) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _loop(self) -> None:
-        raise NotImplementedError
+        ...

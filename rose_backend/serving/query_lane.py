@@ -29,11 +29,16 @@ class QueryLane:
         return not self.inflight
 
 
+def bulk_in_flight(service) -> bool:
+    """Whether a batch holding bulk sequences is in flight on the main engine."""
+    return any(BULK in b.lanes() for b, _ in service._inflight)
+
+
 def next_batch(service):
     """With the service's lock held: the next batch and the engine to run it, or (None, None)."""
     sched, q = service.scheduler, service.query
     main_has_room = len(service._inflight) < service.max_inflight
-    bulk_running = any(BULK in b.lanes() for b, _ in service._inflight)
+    bulk_running = bulk_in_flight(service)
     if sched.has_work(INTERACTIVE):
         if q.free() and (bulk_running or not main_has_room):
             return sched.next_batch(lane=INTERACTIVE), q.engine

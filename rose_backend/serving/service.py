@@ -45,7 +45,7 @@ from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.oom_retry import retry_in_halves
 from rose_backend.serving.outcomes import (CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, drop_caller_objects,
                                            is_out_of_memory)
-from rose_backend.serving.query_lane import QueryLane
+from rose_backend.serving.query_lane import QueryLane, bulk_in_flight
 from rose_backend.serving.query_lane import next_batch as next_of_two
 from rose_backend.serving.responders import Responders
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
@@ -152,7 +152,7 @@ class EmbeddingService(IdleInlineWorker):
                 held, engine = False, None        # held: bulk held back (LanePolicy), or two engines running
                 if self.query is not None and not self._busy:
                     batch, engine = next_of_two(self)
-                    held = batch is None and any(BULK in b.lanes() for b, _ in self._inflight)
+                    held = batch is None and bulk_in_flight(self)
                 elif len(self._inflight) < self.max_inflight and not self._busy:
                     batch = self.scheduler.next_batch(self._bulk_room())
                     held = batch is None and bool(self._inflight) and self.scheduler.has_work(BULK)

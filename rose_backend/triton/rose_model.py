@@ -91,7 +91,6 @@ class RoseModel(DecoupledModel):
                                       **s.engine_limits(cfg), max_inflight=1, graphs=s.graphs,
                                       graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
                                       memory_limit_bytes=self.memory_limit, weights_from=self.engine)
-                query_engine.mark_stages = StageClock.from_env("rose") is not None
                 query_engine.precapture([c for c in warm if c[1] <= s.bulk_threshold_tokens])
             cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
@@ -102,6 +101,8 @@ class RoseModel(DecoupledModel):
                 inline = "true" if self.engine.device.type == "cuda" else "false"
             self.clock = StageClock.from_env("rose")
             self.engine.mark_stages = self.clock is not None
+            if query_engine is not None:
+                query_engine.mark_stages = self.engine.mark_stages
             self.drain_timeout = s.drain_timeout_s
             self.normalize = cfg.normalize
             self.ranges = load_ranges(s.quantization_ranges or None, cfg.model_dir)

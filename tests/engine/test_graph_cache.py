@@ -121,8 +121,7 @@ def test_forced_out_of_memory_past_the_cap_loses_nothing():
     from rose_backend.config import ModelConfig
     from rose_backend.engine.engine import Engine
     from rose_backend.serving.scheduler import Request
-    from rose_backend.serving.service import EmbeddingService
-    from rose_testing.waiting import wait_until
+    from support.requests import run_service
 
     cfg = ModelConfig.from_folder(None)
     # one configuration captured at start fills the cap: every other one runs eagerly from there on
@@ -145,14 +144,7 @@ def test_forced_out_of_memory_past_the_cap_loses_nothing():
     for n in (7, 1, 12, 3, 7, 12):
         lens = rng.integers(1, 60, size=n).astype(np.int32)
         requests.append(Request(rng.integers(1000, 30000, size=int(lens.sum())).astype(np.int32), lens))
-    done = []
-    svc = EmbeddingService(OutOfMemoryOver(), done.append, max_batch_tokens=2048, max_batch_seqs=64)
-    try:
-        for r in requests:
-            svc.submit(r)
-        assert wait_until(lambda: len(done) == len(requests), 120)
-    finally:
-        svc.stop(10)
+    svc, done = run_service(OutOfMemoryOver(), requests, max_batch_tokens=2048, max_batch_seqs=64)
     assert OutOfMemoryOver.refused >= 1 and svc.stats.oom_splits >= 1
     assert all(r.error is None for r in done), [r.error for r in done]
     for r in requests:

@@ -23,7 +23,7 @@ from rose_testing.waiting import wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
 from rose_testing.compare import cos_dist
 from support.metrics import metric
-from support.requests import random_request
+from support.requests import random_request, run_service
 
 HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[CLS] hello [SEP]"
 
@@ -63,16 +63,6 @@ class Slow:
         return self.engine.step(batch)
 
 
-def run_service(eng, requests, **kw):
-    done = []
-    svc = EmbeddingService(eng, done.append, **kw)
-    try:
-        for r in requests:
-            svc.submit(r)
-        assert wait_until(lambda: len(done) == len(requests), 120)
-    finally:
-        svc.stop(10)
-    return svc, done
 
 
 def reference(engine, r: Request) -> np.ndarray:

@@ -46,3 +46,18 @@ def drain(scheduler, **kw) -> list:
     while (b := scheduler.next_batch(**kw)) is not None:
         out.append(b)
     return out
+
+
+def run_service(engine, requests, **kw):
+    """An EmbeddingService on `engine` (kw: its settings) answering `requests`: (service, answered in order)."""
+    from rose_backend.serving.service import EmbeddingService
+    from rose_testing.waiting import wait_until
+    done = []
+    svc = EmbeddingService(engine, done.append, **kw)
+    try:
+        for r in requests:
+            svc.submit(r)
+        assert wait_until(lambda: len(done) == len(requests), 120)
+    finally:
+        svc.stop(10)
+    return svc, done
