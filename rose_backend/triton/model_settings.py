@@ -16,7 +16,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rose_backend.engine.graph_cache import BATCH_SEQS, BATCH_TOKENS, bucket_limits
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.warmup import parse_precapture
 
@@ -164,8 +163,8 @@ class RoseSettings(_Settings):
     dtype: str = ""
     fp8_min_tokens: int = 0
     attention: str = ""
-    max_batch_tokens: int = BATCH_TOKENS
-    max_batch_seqs: int = BATCH_SEQS
+    max_batch_tokens: int = 16384        # graph_cache.BATCH_TOKENS / BATCH_SEQS, written out: this module is
+    max_batch_seqs: int = 64             # imported by the tokenize stubs, which need no torch (test_settings.py)
     max_inflight: int = 2
     response_threads: int = 4
     host_memory_trim: str = "idle"
@@ -210,6 +209,7 @@ class RoseSettings(_Settings):
 
     def engine_limits(self, cfg) -> dict:
         """The engine's bucket limits for a model (ModelConfig) under these settings (graph_cache.bucket_limits)."""
+        from rose_backend.engine.graph_cache import bucket_limits
         return bucket_limits(cfg.max_positions, self.max_batch_tokens, self.max_batch_seqs)
 
     def engine_fp8_min_tokens(self, cfg) -> int | None:

@@ -46,6 +46,8 @@ def test_embedding_service_defaults_are_the_settings():
     for name in ("max_batch_tokens", "max_batch_seqs", "max_inflight", "max_queued_tokens", "response_threads",
                  "host_memory_trim"):
         assert sig[name].default == getattr(RoseSettings(), name), name
+    from rose_backend.engine.graph_cache import BATCH_SEQS, BATCH_TOKENS
+    assert (RoseSettings().max_batch_tokens, RoseSettings().max_batch_seqs) == (BATCH_TOKENS, BATCH_SEQS)
     lanes = sig["lane_settings"].default
     for f in dataclasses.fields(lanes):
         assert getattr(lanes, f.name) == getattr(RoseSettings(), f.name), f.name
