@@ -20,7 +20,14 @@ class AsyncEmbeddingClient:
     ...     emb = await client.embed(["hello"])
     """
 
-    def __init__(self, urls: str | list[str], **kwargs):
+    def __init__(self, urls: str | list[str], asyncio_streams: bool = False, **kwargs):
+        """asyncio_streams: the streams are grpc.aio streams of the running loop (aio_transport.py):
+        no reader thread, no thread hand-over per answer; the client then belongs to that loop
+        (make it, use it and close it there). False: threaded streams, usable from any loop."""
+        self.asyncio_streams = asyncio_streams
+        if asyncio_streams:
+            from rose_client.aio_transport import AioChannel
+            kwargs["channel_type"] = AioChannel
         self.sync = EmbeddingClient(urls, **kwargs)
         self.urls = self.sync.urls
 
@@ -107,7 +114,12 @@ class AsyncEmbeddingClient:
             job.finish()
 
     async def close(self):
-        await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
+        if not self.asyncio_streams:
+            await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
+            return
+        channels = [r.channel for r in self.sync._replicas if r.channel is not None]
+        self.sync.close()
+        await asyncio.gather(*(ch.closed for ch in channels))
 
     async def __aenter__(self):
         return self

@@ -129,23 +129,7 @@ class StreamConnection:
         request parameters."""
         fut: Future = Future()
         rid = f"{next(self._ids)}"
-        request = service_pb2.ModelInferRequest(model_name=model, id=rid)
-        for name in outputs or ():
-            request.outputs.add().name = name
-        for key, value in (parameters or {}).items():
-            request.parameters[key].string_param = str(value)
-        for name, value in inputs:
-            t = request.inputs.add()
-            t.name = name
-            if isinstance(value, np.ndarray) and value.dtype != object:
-                t.datatype = _NP_TO_TRITON[value.dtype]
-                t.shape.extend(value.shape)
-                request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
-            else:
-                items = list(value.reshape(-1)) if isinstance(value, np.ndarray) else list(value)
-                t.datatype = "BYTES"
-                t.shape.append(len(items))
-                request.raw_input_contents.append(serialize_bytes(items))
+        request = build_request(model, rid, inputs, outputs, parameters)
         with self._lock:
             if self.broken is not None or self._closed:
                 fut.set_exception(self.broken if isinstance(self.broken, AccessDenied) else
@@ -165,23 +149,11 @@ class StreamConnection:
     def _read(self):
         try:
             for raw in self._responses:
-                resp, contents = _decode(raw)
-                rid = resp.infer_response.id
+                rid, answer = read_answer(raw, self.url)
                 with self._lock:
                     fut = self._pending.pop(rid, None)
-                if fut is None:
-                    continue                      # e.g. an empty FINAL-only message
-                if resp.error_message:
-                    fut.set_exception(ServerError(f"{self.url}: {resp.error_message}"))
-                else:
-                    try:
-                        fut.set_result(_outputs(resp.infer_response, contents))
-                    except ServerError as e:
-                        fut.set_exception(e)
-                    except Exception as e:   # a malformed answer fails its own request (it is no longer
-                        # pending, so letting this end the reader would leave its caller waiting forever)
-                        fut.set_exception(ServerError(f"{self.url}: malformed response to request {rid}: "
-                                                      f"{type(e).__name__}: {e}"))
+                if fut is not None:                   # None: e.g. an empty FINAL-only message
+                    settle(fut, answer)
             error: Exception = ConnectionLost(f"{self.url}: the server closed the stream")
         except grpc.RpcError as e:
             error = _rpc_error(self.url, e)
@@ -214,6 +186,52 @@ class StreamConnection:
         self._responses.cancel()
         if self._owns_channel:
             self.channel.close()
+
+
+def build_request(model: str, rid: str, inputs: list[tuple[str, object]], outputs: list[str] | None,
+                  parameters: dict[str, str] | None) -> service_pb2.ModelInferRequest:
+    """One ModelInferRequest (see StreamConnection.infer for the arguments)."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=rid)
+    for name in outputs or ():
+        request.outputs.add().name = name
+    for key, value in (parameters or {}).items():
+        request.parameters[key].string_param = str(value)
+    for name, value in inputs:
+        t = request.inputs.add()
+        t.name = name
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            t.datatype = _NP_TO_TRITON[value.dtype]
+            t.shape.extend(value.shape)
+            request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+        else:
+            items = list(value.reshape(-1)) if isinstance(value, np.ndarray) else list(value)
+            t.datatype = "BYTES"
+            t.shape.append(len(items))
+            request.raw_input_contents.append(serialize_bytes(items))
+    return request
+
+
+def read_answer(raw: bytes, url: str) -> tuple[str, dict | Exception]:
+    """A stream message's request id and its answer: the outputs (name -> array), or the exception
+    its request fails with (the server's error; a malformed answer fails its own request only)."""
+    resp, contents = _decode(raw)
+    rid = resp.infer_response.id
+    if resp.error_message:
+        return rid, ServerError(f"{url}: {resp.error_message}")
+    try:
+        return rid, _outputs(resp.infer_response, contents)
+    except ServerError as e:
+        return rid, e
+    except Exception as e:
+        return rid, ServerError(f"{url}: malformed response to request {rid}: {type(e).__name__}: {e}")
+
+
+def settle(fut, answer: dict | Exception) -> None:
+    """Resolve a request's future (concurrent or asyncio) with read_answer's answer."""
+    if isinstance(answer, Exception):
+        fut.set_exception(answer)
+    else:
+        fut.set_result(answer)
 
 
 def _rpc_error(url: str, e: grpc.RpcError) -> Exception:

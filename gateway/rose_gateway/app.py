@@ -69,8 +69,11 @@ class Gateway:
         # a replica set that is down answers 503 within a few tenths of a second (3 tries, 0.05 s
         # backoff doubling), and a replica that comes back is tried again within a second; a call
         # fails only once Triton has answered none of its chunks for `timeout` seconds
-        self.client = AsyncEmbeddingClient(s.triton_urls, timeout=None, progress_timeout=s.timeout, retries=3,
-                                           backoff=0.05, max_backoff=1.0, chunk_timeout=s.timeout, api_key=s.api_key)
+        # grpc.aio streams on this worker's loop: an answer resolves its request's future here, with
+        # no reader thread to hand it over (rose_client/aio_transport.py)
+        self.client = AsyncEmbeddingClient(s.triton_urls, asyncio_streams=True, timeout=None,
+                                           progress_timeout=s.timeout, retries=3, backoff=0.05, max_backoff=1.0,
+                                           chunk_timeout=s.timeout, api_key=s.api_key)
         self.state = TritonState(s.triton_urls, api_key=s.api_key, admin_key=s.admin_key)
         self.reranker = Reranker(s.triton_urls, s.timeout, s.retry_after, api_key=s.api_key)
         learn = asyncio.ensure_future(self._learn_server_settings())     # before the first request, if it can
