@@ -12,7 +12,12 @@ and waits until every gateway worker serves. Per text length (--words, default 1
   `encoding_format: float`: the gateway parses, tokenizes and sends the ids to `rose`;
 - `embed`: the `embed` ensemble over gRPC streaming, TEXT (Triton tokenizes);
 - `rose`: the `rose` model over gRPC streaming, the same texts pre-tokenized (by the server's own
-  `tokenize` model), so no tokenization is measured.
+  `tokenize` model), so no tokenization is measured;
+- `floor` (with --paths ...,floor): the OpenAI client against rose_bench.http_floor, the gateway's
+  HTTP stack answering a prepared embedding: what the client and the HTTP layers cost alone.
+--stages: the deployment runs with the stage clocks on ($ROSE_STAGE_TIMES: rose's and each gateway
+worker's), and each cell gets the p50 us of every stage of the requests it sent (gateway cells: the
+gateway's stages, rose's beside them; rose cells: rose's).
 For a random folder the texts are words of its WordLevel vocabulary ("w123 w4567 ..."), one token
 a word; for the default model (or --model FOLDER) English words.
 --grpc-url and --gateway-url measure a deployment already running instead ($ADMIN_KEY: its Triton
@@ -40,6 +45,7 @@ import numpy as np
 from rose_bench.record import comma_list, cuda_available, log, run_record, save_json
 
 PATHS = ("gateway", "embed", "rose")
+OPENAI_PATHS = ("gateway", "floor")
 ENGLISH = ("the embedding server answers every query with a vector while the gateway reads each request "
            "tokenizes its text and sends the ids to the model which runs on the device in batches of many "
            "sequences so that latency stays low and throughput high under a load of concurrent clients").split()
@@ -56,6 +62,7 @@ def texts_of(words: int, random_vocab: int | None, n: int = 16) -> list[str]:
 def write_payloads(folder: Path, words: int, model_name: str, texts: list[str], tokens: list[np.ndarray]) -> dict:
     """perf_analyzer's input-data files of the three paths."""
     files = {p: folder / f"{p}_{words}.json" for p in PATHS}
+    files["floor"] = files["gateway"]
     files["gateway"].write_text(json.dumps({"data": [{"payload": [{"model": model_name, "input": [t],
                                                                    "encoding_format": "float"}]} for t in texts]}))
     files["embed"].write_text(json.dumps({"data": [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]}))
@@ -80,9 +87,9 @@ def perf_command(binary: str, path: str, args, urls: dict, model_name: str, inpu
     common = ["--input-data", str(input_file), "--concurrency-range", str(concurrency),
               "--measurement-interval", str(args.interval_ms), "--stability-percentage", str(args.stability),
               "--max-trials", str(args.max_trials), "-f", str(csv_file)]
-    if path == "gateway":
+    if path in OPENAI_PATHS:
         cmd = [binary, "-m", model_name, "--service-kind", "openai", "--endpoint", "v1/embeddings", "-i", "http",
-               "--async", "-u", urls["gateway"]] + common
+               "--async", "-u", urls[path]] + common
         return cmd + (["-H", f"Authorization:Bearer {key}"] if key else [])
     cmd = [binary, "-m", path, "-i", "grpc", "--streaming", "-u", urls["grpc"]] + common
     if urls.get("admin_key"):                         # perf_analyzer reads the model's config first
@@ -139,6 +146,39 @@ def own_deployment(args, tmp: Path):
                    "admin_key": getattr(srv, "admin_key", None)}, vocab
         finally:
             gateway.stop()
+
+
+@contextlib.contextmanager
+def http_floor(log_dir: Path):
+    """rose_bench.http_floor on a free port; yields its host:port."""
+    import httpx
+
+    from rose_backend.launch.deployment import free_ports
+    port = free_ports().grpc
+    with open(log_dir / "http_floor.log", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rose_bench.http_floor", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(Exception):
+                httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", json={"input": "x"}, timeout=5).raise_for_status()
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the http floor did not serve (see {log_dir / 'http_floor.log'})")
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def stage_medians(stage_dir: Path, result: dict, windows: dict) -> None:
+    """Each cell's stage p50s (us) from the stage clocks' marks of the requests inside its window."""
+    from rose_bench.host_path import stages_in_windows
+    for model in ("gateway", "rose"):
+        for key, stages in stages_in_windows(stage_dir, model, windows).items():
+            result["cells"][key][f"{model}_stages_p50_us"] = stages
 
 
 def wait_for_workers(gateway: str, headers: dict, timeout: float = 120.0) -> dict:
@@ -200,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="bge-m3 (a random-weight BGE-M3-shape folder, GPU), default (the default model) or a folder")
     p.add_argument("--words", default="128,512", help="words per text, comma-separated")
     p.add_argument("--concurrency", default="1,16,64")
-    p.add_argument("--paths", default=",".join(PATHS), help="of gateway, embed, rose")
+    p.add_argument("--paths", default=",".join(PATHS), help="of gateway, embed, rose, floor")
+    p.add_argument("--stages", action="store_true", help="stage clocks on: each cell's p50 per stage (own deployment)")
     p.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer's --measurement-interval")
     p.add_argument("--stability", type=int, default=10, help="perf_analyzer's --stability-percentage")
     p.add_argument("--max-trials", type=int, default=10)
@@ -225,13 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     result = {**run_record(args.git_commit, "cuda" if cuda_available() else "cpu"), "model": args.model, "cells": []}
+    windows: dict[int, tuple[int, int]] = {}         # cell index -> its perf_counter_ns window
     with tempfile.TemporaryDirectory(prefix="rose-http-bench-") as tmp:
+        stage_dir = Path(tmp) / "stages"
+        if args.stages:
+            os.environ["ROSE_STAGE_TIMES"] = str(stage_dir)          # the server and the gateway inherit it
         running = {"grpc": args.grpc_url, "gateway": (args.gateway_url or "").removeprefix("http://"),
                    "admin_key": os.environ.get("ADMIN_KEY") or os.environ.get("ROSE_ADMIN_KEY")}
         ctx = (contextlib.nullcontext((running, None)) if args.grpc_url and args.gateway_url
                else own_deployment(args, Path(tmp)))
-        with ctx as (urls, vocab):
+        with ctx as (urls, vocab), (http_floor(out) if "floor" in comma_list(args.paths)
+                                    else contextlib.nullcontext()) as floor_url:
             import httpx
+            urls = {**urls, "floor": floor_url}
             result["gateway_workers"] = wait_for_workers(urls["gateway"], http_headers)
             model_name = httpx.get(f"http://{urls['gateway']}/v1/models", headers=http_headers,
                                    timeout=30).json()["data"][0]["id"]
@@ -244,14 +291,19 @@ def main(argv: list[str] | None = None) -> int:
                 for c in (int(x) for x in comma_list(args.concurrency)):
                     for path in comma_list(args.paths):
                         csv_file = Path(tmp) / f"{path}_{words}_{c}.csv"
+                        t_cell = time.perf_counter_ns()
                         cmd = perf_command(binary, path, args, urls, model_name, files[path], c, csv_file, key)
                         cell = {"words": words, "tokens": int(np.mean([len(t) for t in tokens])), "concurrency": c,
                                 "path": path, **run_cell(cmd, env, csv_file, key, 60 + 10 * args.interval_ms / 1000 * args.max_trials,
                                                          urls.get("admin_key"))}
                         log(f"{words} words c{c} {path}: " + (cell.get("error") or
                             f"p50 {cell['p50_ms']} ms p99 {cell['p99_ms']} ms {cell['req_per_s']} req/s"))
+                        windows[len(result["cells"])] = (t_cell, time.perf_counter_ns())
                         result["cells"].append(cell)
                         save_json(out / "http.json", result, t0)
+        if args.stages:                                  # the clocks are written as the processes stop
+            stage_medians(stage_dir, result, windows)
+            save_json(out / "http.json", result, t0)
     print(table(result))
     print(f"\nsaved {out / 'http.json'}")
     return 0

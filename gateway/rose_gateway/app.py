@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rose_client import AsyncEmbeddingClient
-from rose_gateway import calls
+from rose_gateway import calls, stages
 from rose_gateway.embeddings import (check_dimensions, cut_dimensions, embedding_response, loads,
                                      parse_embedding_request)
 from rose_gateway.endpoint import direct_endpoint, endpoint
@@ -87,6 +87,7 @@ class Gateway:
             await self.state.close()
             self.reranker.close()
             await self.client.close()
+            stages.write()
 
     # ------------------------------------------------------------------------- request plumbing
     async def read_json(self, request: Request) -> object:
@@ -117,6 +118,7 @@ class Gateway:
 
     async def embed(self, body: object) -> bytes:
         req = parse_embedding_request(body, self.settings.max_inputs)
+        stages.mark("parsed")
         self.check_model(req.model)
         truncated = None
         if req.texts is None:                        # token ids: Matryoshka cut here (see embeddings.py)
@@ -134,6 +136,7 @@ class Gateway:
                 emb, tokens = await self._late_chunks(req)
             else:
                 toks = await self._tokenize(req)
+                stages.mark("tokenized")
                 tokens = toks.total
                 self.check_work(tokens)
                 truncated = toks.truncated
@@ -141,9 +144,12 @@ class Gateway:
                     emb = await self._call(calls.ragged(self.client, toks.ids, toks.lens, req.dimensions, req.lane))
                 else:                                    # the deployment's prompts are not known here yet
                     emb = await self._call(self._embed_texts(req))
+        stages.mark("answered")
         self.metrics.inputs.inc(req.count)
         self.metrics.tokens.inc(tokens)
-        return embedding_response(emb, req.encoding_format, self.name, tokens, truncated)
+        out = embedding_response(emb, req.encoding_format, self.name, tokens, truncated)
+        stages.mark("response_built")
+        return out
 
     async def _call(self, work):
         """Await a rose_client call; its failures as the gateway's errors. A cancelled handler (the

@@ -18,6 +18,7 @@ from rose_client import AsyncEmbeddingClient
 from rose_client.dispatch import Job
 from rose_client.encoded import Ask
 from rose_client.token_requests import ragged_chunks
+from rose_gateway import stages
 
 
 async def ragged(client: AsyncEmbeddingClient, input_ids: np.ndarray, seq_lens: np.ndarray,
@@ -60,6 +61,7 @@ async def run_job(sync, model: str, chunks, n: int, ask: Ask, lane: str | None):
             if wait is None:
                 return job.output()
             if wait <= 0.0:                          # chunks were just sent: look at the answers again
+                stages.mark("sent")
                 continue
             fut = waiting[0] = loop.create_future()
             timer = loop.call_later(wait, on_loop)

@@ -18,6 +18,7 @@ import http
 from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from rose_gateway import stages
 from rose_gateway.errors import too_large
 
 DIRECT_PATHS = (b"/v1/embeddings", b"/embeddings")      # POST only; the rest is the app's
@@ -104,6 +105,7 @@ class DirectCycle(RequestResponseCycle):
             head.append(b"connection: close\r\n")
         head += (b"\r\n", body)
         self.transport.write(b"".join(head))
+        stages.finish()
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:

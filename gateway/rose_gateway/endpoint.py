@@ -18,6 +18,7 @@ import time
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from rose_gateway import stages
 from rose_gateway.direct import JSON, ClientGone
 from rose_gateway.errors import ApiError
 from rose_gateway.metrics import GatewayMetrics
@@ -77,6 +78,7 @@ def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None
 
     async def run(cycle) -> tuple[int, bytes, list]:
         t0 = time.perf_counter()
+        stages.begin()
         task = asyncio.current_task()
         gone = []
         callbacks = cycle.scope.get(DISCONNECT)
@@ -95,7 +97,9 @@ def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None
             ctype = cycle.header(b"content-type")
             if ctype != JSON:
                 check_json(None if ctype is None else ctype.decode("latin-1"))
-            body = await handler(await cycle.read_body(max_body_bytes))
+            raw = await cycle.read_body(max_body_bytes)
+            stages.mark("body_read")
+            body = await handler(raw)
         except ApiError as e:
             status, body = e.status, e.body()
             if e.retry_after is not None:
