@@ -70,7 +70,7 @@ def stages_in_windows(stage_dir: Path, model: str, windows: dict[str, tuple[int,
 
 
 def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: int,
-               lengths: tuple[int, ...] = (128, 512)) -> dict:
+               lengths: tuple[int, ...] = (128, 512), embed_words: tuple[int, ...] = (128,)) -> dict:
     stage_dir = work / f"stages-{model}-{inline}"
     shutil.rmtree(stage_dir, ignore_errors=True)
     repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{model}-{inline}",
@@ -90,7 +90,8 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
         ids = {n: write_input_data(work / f"ids_{model}_{n}.json", vocab, n) for n in lengths}
         runs = {f"rose 1x{n} ids": ("rose", ids[n], 1) for n in lengths}
         runs.update({f"floor 1x{n} ids": ("floor", ids[n], 1) for n in lengths if n <= 512})
-        runs["embed one 128-word text"] = ("embed", text_input(work / f"text_{model}_128.json", vocab, 128), 1)
+        for w in embed_words:
+            runs[f"embed one {w}-word text"] = ("embed", text_input(work / f"text_{model}_{w}.json", vocab, w), 1)
         metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
         step = "tokenize_batched" if (repo / "tokenize_batched").exists() else "tokenize"   # embed's tokenizer
         windows = {}
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--inline", default="", help="per model: MODEL=true,false;MODEL2=true (default: true)")
     ap.add_argument("--interval-ms", type=int, default=3000)
     ap.add_argument("--lengths", default="128,512", help="token counts of the lone `rose` requests (floor: those <= 512)")
+    ap.add_argument("--embed-words", default="128", help="words of the one-text `embed` runs, comma-separated")
     ap.add_argument("--clients", type=int, default=16, help="concurrent clients of the embed 512-word run (0: none)")
     ap.add_argument("--work", default="/tmp/rose-host-path")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
@@ -164,7 +166,8 @@ def main(argv=None) -> int:
         for inline in modes.get(model, ["true"]):
             try:
                 result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms,
-                                                                         tuple(int(n) for n in args.lengths.split(",")))
+                                                                         tuple(int(n) for n in args.lengths.split(",")),
+                                                                         tuple(int(w) for w in args.embed_words.split(",")))
             except Exception as e:
                 result["runs"][f"{model}/inline={inline}"] = {"error": f"{type(e).__name__}: {e}"}
             (out / "host_path.json").write_text(json.dumps(result, indent=1))
