@@ -111,22 +111,25 @@ def client(server):
     c.close()
 
 
-# `make test` runs the suite on four pytest-xdist workers (-n 4). Each test module is one unit of work,
+# `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), the reranker modules another (one server per
-# reranker kind), and test_soak runs right after test_server on the same session server; the
-# tests of a SPLIT module are units of their own. The longest units go first, so that no worker is
-# left with a long one at the end. Each worker has its own session servers and checks its own
-# leftovers; the controller fails the run if a worker found any (pytest_testnodedown).
+# reranker kind), the two modules that count cancelled work on the session server a third (their
+# exclusive tests run back to back: pytest_runtest_protocol), and test_soak runs right after
+# test_server on the same session server; the tests of a SPLIT module are units of their own. The
+# longest units go first, so that no worker is left with a long one at the end. Each worker has its
+# own session servers and checks its own leftovers; the controller fails the run if a worker found
+# any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
-          "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
+          "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers",
+          "test_client_cancel": "cancel", "test_embed_cancel": "cancel"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
 # so that their minutes are spread over the workers.
-SPLIT = {"test_bench", "test_fp8_accuracy"}
-LONGEST_FIRST = ("test_server", "test_bench", "test_fp8_accuracy", "replicas", "test_supervision", "test_gateway_limits",
-                 "test_security", "test_two_models",
-                 "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
-                 "test_gateway_failover", "rerankers")
+SPLIT = {"test_bench", "test_fp8_accuracy", "test_supervision", "test_stop_bound"}
+LONGEST_FIRST = ("test_server", "test_bench", "test_gateway_limits", "test_hardening", "replicas", "rerankers",
+                 "test_fp8_accuracy", "test_supervision", "test_gateway_failover", "test_stop_bound", "test_cli",
+                 "test_gateway_watch", "test_tokenize_batching", "test_security", "test_gateway_tokens",
+                 "test_two_models", "test_memory_budget_server", "cancel", "test_api_keys")
 
 
 def module_group(nodeid: str) -> str:
@@ -160,24 +163,44 @@ def _lock(gate, lock, mode: int) -> None:
         fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+_held_exclusive: list = []    # [(gate, lock)]: the exclusive lock kept from one exclusive test to the next
+
+
+def _exclusive(item) -> bool:
+    return item is not None and item.get_closest_marker("exclusive") is not None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, a test marked `exclusive` (timing-sensitive: work timed on two one-thread servers,
     servers stopped under traffic) runs, set-up and tear-down included, while the other workers wait:
     every other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock.
-    A test whose timing-sensitive part is only a part of it (after starting its own servers) takes
-    the `alone` fixture instead and holds the exclusive lock for that block only."""
+    Exclusive tests that follow one another on a worker keep the lock from one to the next (the
+    other workers wait for their running tests once, not before each). A test whose
+    timing-sensitive part is only a part of it (after starting its own servers) takes the `alone`
+    fixture instead and holds the exclusive lock for that block only."""
     path = os.environ.get("ROSE_TEST_CPU_LOCK")
     if path is None or not hasattr(item.config, "workerinput"):
         return (yield)
     import fcntl
-    with open(path, "a") as lock, open(path + ".gate", "a") as gate:
-        _lock(gate, lock, fcntl.LOCK_EX if item.get_closest_marker("exclusive") else fcntl.LOCK_SH)
-        item.rose_cpu_lock = (gate, lock)
-        try:
-            return (yield)
-        finally:
-            del item.rose_cpu_lock                    # closing the files releases the lock
+    if _exclusive(item) and _held_exclusive:
+        gate, lock = _held_exclusive.pop()
+    else:
+        while _held_exclusive:
+            for f in _held_exclusive.pop():
+                f.close()
+        lock, gate = open(path, "a"), open(path + ".gate", "a")
+        _lock(gate, lock, fcntl.LOCK_EX if _exclusive(item) else fcntl.LOCK_SH)
+    item.rose_cpu_lock = (gate, lock)
+    try:
+        return (yield)
+    finally:
+        del item.rose_cpu_lock
+        if _exclusive(item) and _exclusive(nextitem):
+            _held_exclusive.append((gate, lock))
+        else:
+            lock.close()                              # closing the files releases the lock
+            gate.close()
 
 
 @pytest.fixture

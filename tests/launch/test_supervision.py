@@ -47,7 +47,7 @@ def assert_nothing_left(srv: TritonProcess, timeout: float = 5.0) -> None:
     assert not procs and not segs, (procs, segs)
 
 
-def busy(srv: TritonProcess, seconds: float = 3.0) -> StreamConnection:
+def busy(srv: TritonProcess, seconds: float = 1.0) -> StreamConnection:
     """A stream with requests waiting in rose's pool (small batches: they wait > 50 ms, so the
     scheduler asks whether they were cancelled: the query a dead server never answers)."""
     conn = StreamConnection(srv.grpc_url)

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from support.launcher import LauncherRun
-from support.server import running_server
 from tritonclient.utils import InferenceServerException
 
 from rose_backend.launch.keys import launch_keys
@@ -59,9 +58,10 @@ def http(srv, method: str, path: str, body: dict | None = None, headers: dict | 
 
 
 @pytest.fixture(scope="module")
-def srv():
-    with running_server(name="security") as s:
-        yield s
+def srv(server):
+    """The session's default server (conftest.py): keys and the control plane do not depend on its
+    parameters, and nothing here changes it (the loads and unloads tried are refused)."""
+    return server
 
 
 @pytest.mark.server
