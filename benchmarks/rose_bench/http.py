@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import os
 import subprocess
@@ -104,14 +103,10 @@ def run_cell(cmd: list[str], env: dict, csv_file: Path, key: str | None, timeout
             a = a.replace(k, name) if k else a
         return a
     shown = " ".join("perf_analyzer" if i == 0 else hide(a) for i, a in enumerate(cmd))
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"command": shown, "error": f"timed out after {timeout:.0f} s"}
-    if p.returncode != 0 or not csv_file.exists():
-        return {"command": shown, "error": f"exit {p.returncode}: {hide((p.stdout + p.stderr)[-600:].strip())}"}
-    with open(csv_file) as f:
-        row = next(csv.DictReader(f))
+    from rose_bench.perf import csv_row
+    row, error = csv_row(cmd, env, csv_file, shown, timeout, hide)
+    if error:
+        return error
     csv_file.unlink()
 
     def ms(k):

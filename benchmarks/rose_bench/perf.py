@@ -66,6 +66,19 @@ def key_headers(admin_key: str | None = None, api_key: str | None = None) -> lis
     return [opt for k, v in (grpc_admin_headers(admin_key, api_key) or {}).items() for opt in ("-H", f"{k}:{v}")]
 
 
+def csv_row(cmd: list[str], env: dict, csv_file: Path, shown: str, timeout: float, scrub=lambda text: text):
+    """Run perf_analyzer `cmd` (shown as `shown`); (its CSV's first row, None), or (None, {"command",
+    "error"}) when it failed or timed out (its output's tail passed through `scrub`)."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, {"command": shown, "error": f"timed out after {timeout:.0f} s"}
+    if p.returncode != 0 or not csv_file.exists():
+        return None, {"command": shown, "error": f"exit {p.returncode}: {scrub((p.stdout + p.stderr)[-600:].strip())}"}
+    with open(csv_file) as f:
+        return next(csv.DictReader(f)), None
+
+
 def run_perf_analyzer(url: str, model: str, input_file: Path, csv_file: Path, interval_ms: int,
                       timeout: float = 120.0, concurrency: int = 1, extra: list[str] | None = None,
                       admin_key: str | None = None, api_key: str | None = None) -> dict:
@@ -80,14 +93,9 @@ def run_perf_analyzer(url: str, model: str, input_file: Path, csv_file: Path, in
            "--max-trials", "10", "--concurrency-range", str(concurrency), "-f", str(csv_file)] + (extra or [])
     shown = " ".join(["perf_analyzer"] + cmd[1:] + (["-H <key headers>"] if admin_key or api_key else []))
     cmd += key_headers(admin_key, api_key)
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"command": shown, "error": f"timed out after {timeout:.0f} s"}
-    if p.returncode != 0 or not csv_file.exists():
-        return {"command": shown, "error": f"exit {p.returncode}: {(p.stdout + p.stderr)[-600:].strip()}"}
-    with open(csv_file) as f:
-        row = next(csv.DictReader(f))
+    row, error = csv_row(cmd, env, csv_file, shown, timeout)
+    if error:
+        return error
     us = lambda k: round(float(row[k]) / 1e3, 4) if row.get(k) not in (None, "") else None  # noqa: E731
     return {"command": shown, "p50_ms": us("p50 latency"), "p90_ms": us("p90 latency"),
             "p99_ms": us("p99 latency"), "mean_ms": us("Avg latency"),

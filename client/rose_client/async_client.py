@@ -90,28 +90,7 @@ class AsyncEmbeddingClient:
         return self.sync.stats()
 
     async def _run(self, model, chunks, n, ask: Ask, lane: str | None = None) -> Encoded:
-        loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-
-        def wake():
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:          # the loop is closed: nobody is waiting any more
-                pass
-
-        job = Job(self.sync, model, chunks, n, wake, ask, lane)
-        try:
-            while True:
-                event.clear()
-                wait = job.step()
-                if wait is None:
-                    return job.output()
-                try:
-                    await asyncio.wait_for(event.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
-        finally:
-            job.finish()
+        return await drive(self.sync, model, chunks, n, ask, lane)
 
     async def close(self):
         if not self.asyncio_streams:
@@ -126,3 +105,45 @@ class AsyncEmbeddingClient:
 
     async def __aexit__(self, *exc):
         await self.close()
+
+
+async def drive(client: EmbeddingClient, model: str, chunks, n: int, ask: Ask, lane: str | None = None,
+                on_sent=None) -> Encoded:
+    """Drive one call's Job to its Encoded answer on the running loop. Job.step() returns how long to
+    wait for the next event (None: done); an answer, or capacity freed by another call, resolves the
+    one future being waited on (from any thread), else its timer does. on_sent(): called each time
+    chunks were just sent. Cancelling the awaiting task ends the Job, which cancels its streams'
+    pending requests at the server."""
+    loop = asyncio.get_running_loop()
+    waiting: list[asyncio.Future | None] = [None]
+
+    def on_loop() -> None:
+        fut = waiting[0]
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def wake() -> None:                              # any thread
+        try:
+            loop.call_soon_threadsafe(on_loop)
+        except RuntimeError:                         # the loop is closed: nobody is waiting any more
+            pass
+
+    job = Job(client, model, chunks, n, wake, ask, lane)
+    try:
+        while True:
+            wait = job.step()
+            if wait is None:
+                return job.output()
+            if wait <= 0.0:                          # chunks were just sent: look at the answers again
+                if on_sent is not None:
+                    on_sent()
+                continue
+            fut = waiting[0] = loop.create_future()
+            timer = loop.call_later(wait, on_loop)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                waiting[0] = None
+    finally:
+        job.finish()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Callable
 import logging
 import time
 
@@ -35,16 +36,7 @@ def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth:
 
     async def run(request: Request) -> Response:
         t0 = time.perf_counter()
-        task = asyncio.current_task()
-        gone = []
-        callbacks = request.scope.get(DISCONNECT)
-
-        def client_gone():
-            gone.append(True)
-            task.cancel()
-
-        if callbacks is not None:
-            callbacks.append(client_gone)
+        gone, forget = cancel_when_gone(request.scope)
         try:
             if auth and key is not None:
                 check_key(request.headers.get("authorization"), key)
@@ -57,14 +49,13 @@ def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth:
         except ClientDisconnect:
             response = Response(status_code=GONE)
         except asyncio.CancelledError:
-            task.uncancel()
+            asyncio.current_task().uncancel()
             response = Response(status_code=GONE) if gone else stopping(retry_after).response()
         except Exception:
             log.exception("%s failed", name)
             response = INTERNAL.response()
         finally:
-            if callbacks is not None and client_gone in callbacks:
-                callbacks.remove(client_gone)
+            forget()
         if ANSWERED not in request.scope:            # else the connection answered (408) and counted it
             metrics.observe(name, response.status_code, time.perf_counter() - t0)
         return response
@@ -79,16 +70,7 @@ def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None
     async def run(cycle) -> tuple[int, bytes, list]:
         t0 = time.perf_counter()
         stages.begin()
-        task = asyncio.current_task()
-        gone = []
-        callbacks = cycle.scope.get(DISCONNECT)
-
-        def client_gone():
-            gone.append(True)
-            task.cancel()
-
-        if callbacks is not None:
-            callbacks.append(client_gone)
+        gone, forget = cancel_when_gone(cycle.scope)
         status, headers = 200, []
         try:
             if key is not None:
@@ -108,7 +90,7 @@ def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None
         except ClientGone:
             status, body = GONE, b""
         except asyncio.CancelledError:
-            task.uncancel()
+            asyncio.current_task().uncancel()
             if gone:
                 status, body = GONE, b""
             else:
@@ -118,12 +100,31 @@ def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None
             log.exception("%s failed", name)
             status, body = INTERNAL.status, INTERNAL.body()
         finally:
-            if callbacks is not None and client_gone in callbacks:
-                callbacks.remove(client_gone)
+            forget()
         if ANSWERED not in cycle.scope:              # else the connection answered (408) and counted it
             metrics.observe(name, status, time.perf_counter() - t0)
         return status, body, headers
     return run
+
+
+def cancel_when_gone(scope: dict) -> tuple[list, Callable[[], None]]:
+    """While the handler runs, the connection's disconnect (protocol.py) cancels its task and
+    appends to `gone`; forget() (in the handler's finally) stops that. Returns (gone, forget)."""
+    task = asyncio.current_task()
+    gone: list = []
+    callbacks = scope.get(DISCONNECT)
+
+    def client_gone():
+        gone.append(True)
+        task.cancel()
+
+    def forget():
+        if callbacks is not None and client_gone in callbacks:
+            callbacks.remove(client_gone)
+
+    if callbacks is not None:
+        callbacks.append(client_gone)
+    return gone, forget
 
 
 INTERNAL = ApiError(500, "internal error in the gateway (see its log)", code="internal_error")
