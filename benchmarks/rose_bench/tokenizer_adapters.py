@@ -100,22 +100,9 @@ class Tokie(HFTokenizers):
         self.configure(self.lib.Tokenizer.from_json(str(path)), truncate)
 
 
-class Fastokens(Adapter):
+class Fastokens(HFTokenizers):
+    """fastokens mirrors the `tokenizers` API too (from_file, encode, encode_batch)."""
     name, module = "fastokens", "fastokens"
-
-    def load(self, path, truncate):
-        self.tok = self.lib.Tokenizer.from_file(str(path))
-        self.tok.no_padding()
-        if truncate:
-            self.tok.enable_truncation(truncate)
-        else:
-            self.tok.no_truncation()
-
-    def batch(self, texts):
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=True)]
-
-    def one(self, text):
-        return self.tok.encode(text, add_special_tokens=True).ids
 
 
 class FastokensFlat(Fastokens):
