@@ -73,7 +73,7 @@ class EmbeddingClient:
     retries: consecutive failures of every replica before a call gives up. api_key: sent on every
     request (gRPC metadata, rose_client.auth.grpc_api_key_headers) to a deployment that requires
     one; never logged nor put in an error. Thread-safe: any number of threads may call one client.
-    channel_type: what the replicas' connections are (transport.Channel: threaded streams;
+    channel_type: what the replicas' connections are (None: transport.Channel, threaded streams;
     aio_transport.AioChannel: grpc.aio streams of one event loop, what AsyncEmbeddingClient's
     asyncio_streams=True passes).
     """
@@ -83,7 +83,7 @@ class EmbeddingClient:
                  max_inflight_tokens: int = 32768, tokenizer: str | None = None,
                  max_text_tokens: int = 512, chunk_timeout: float = 120.0, retries: int = 4,
                  backoff: float = 0.1, max_backoff: float = 5.0, max_chunk_bytes: int = 16 << 20,
-                 api_key: str | None = None, progress_timeout: float | None = None, channel_type: type = Channel):
+                 api_key: str | None = None, progress_timeout: float | None = None, channel_type: type | None = None):
         self.urls = parse_urls(urls)
         self.model, self.token_model, self.outputs_model = model, token_model, outputs_model
         self.timeout, self.progress_timeout = timeout, progress_timeout

@@ -21,7 +21,7 @@ class Replica:
     url: str
     headers: dict[str, str] | None = field(default=None, repr=False)   # gRPC metadata: the API key
     channel: Channel | None = None
-    channel_type: type = Channel      # what a channel is made of: Channel, or AioChannel (aio_transport.py)
+    channel_type: type | None = None  # what a channel is made of (None: transport.Channel; or AioChannel)
     idle: list = field(default_factory=list)
     inflight_tokens: int = 0          # tokens sent and not yet answered (all calls of this client)
     failures: int = 0                 # consecutive failures; 0 after any success
@@ -39,7 +39,7 @@ class Replica:
             if conn.broken is None and conn.channel is self.channel:
                 return conn
         if self.channel is None:
-            self.channel = self.channel_type(self.url, self.headers)
+            self.channel = (self.channel_type or Channel)(self.url, self.headers)
         return self.channel.stream()
 
     def give_back(self, conn: StreamConnection) -> bool:
