@@ -1,7 +1,6 @@
 """Model definitions on packed (tokens, hidden) input, and the registry that builds them."""
 from __future__ import annotations
 
-import contextlib
 import importlib
 
 import torch
@@ -13,23 +12,23 @@ from rose_backend.config import ModelConfig
 MODEL_FILES = {"encoder": ("bert", "BertEncoder"), "decoder": ("qwen3", "Qwen3Decoder")}
 
 
-_INITS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
-          "trunc_normal_", "zeros_", "ones_", "constant_")
+class _NoMetaFills(torch.overrides.TorchFunctionMode):
+    """While the modules are made on the meta device (their weights are all loaded from the folder
+    next), torch.nn.init's random fills of meta tensors are skipped: on meta tensors they run torch's
+    reference kernels, whose first use imports torch._dynamo (~0.9 CPU-s of every start). A torch
+    function mode is the calling thread's own, so other threads' modules are made as usual."""
 
+    _FILLS = frozenset(getattr(torch.nn.init, n) for n in (
+        "normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+        "xavier_normal_")) | {torch.Tensor.normal_, torch.Tensor.uniform_}
 
-@contextlib.contextmanager
-def _no_init():
-    """torch.nn.init's fills as no-ops while the modules are made on the meta device, whose weights
-    are all loaded from the folder next: the fills do nothing there but on meta tensors they run
-    torch's reference kernels, whose first use imports torch._dynamo (~0.9 CPU-s of every start)."""
-    saved = {name: getattr(torch.nn.init, name) for name in _INITS}
-    try:
-        for name in _INITS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._FILLS:
+            tensor = args[0] if args else kwargs.get("tensor")      # torch.nn.init passes it by name
+            if getattr(tensor, "is_meta", False):
+                return tensor
+        return func(*args, **kwargs)
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str = "cpu",
@@ -38,7 +37,7 @@ def build_model(cfg: ModelConfig, device: torch.device | str = "cpu",
     module, name = MODEL_FILES["decoder" if cfg.is_decoder else "encoder"]
     cls = getattr(importlib.import_module(f"rose_backend.models.{module}"), name)
     device = torch.device(device)
-    with torch.device("meta"), _no_init():
+    with torch.device("meta"), _NoMetaFills():
         model = cls(cfg)
     model.to_empty(device=device)
     model.load_from_folder(cfg.model_dir)
