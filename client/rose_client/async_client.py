@@ -20,11 +20,13 @@ class AsyncEmbeddingClient:
     ...     emb = await client.embed(["hello"])
     """
 
-    def __init__(self, urls: str | list[str], asyncio_streams: bool = False, **kwargs):
+    def __init__(self, urls: str | list[str], asyncio_streams: bool = False, on_sent=None, **kwargs):
         """asyncio_streams: the streams are grpc.aio streams of the running loop (aio_transport.py):
         no reader thread, no thread hand-over per answer; the client then belongs to that loop
-        (make it, use it and close it there). False: threaded streams, usable from any loop."""
-        self.asyncio_streams = asyncio_streams
+        (make it, use it and close it there). False: threaded streams, usable from any loop.
+        on_sent(): called in the calling task each time a call's chunks were just sent (the
+        gateway's stage clock marks it)."""
+        self.asyncio_streams, self.on_sent = asyncio_streams, on_sent
         if asyncio_streams:
             from rose_client.aio_transport import AioChannel
             kwargs["channel_type"] = AioChannel
@@ -90,15 +92,13 @@ class AsyncEmbeddingClient:
         return self.sync.stats()
 
     async def _run(self, model, chunks, n, ask: Ask, lane: str | None = None) -> Encoded:
-        return await drive(self.sync, model, chunks, n, ask, lane)
+        return await drive(self.sync, model, chunks, n, ask, lane, self.on_sent)
 
     async def close(self):
         if not self.asyncio_streams:
             await asyncio.get_running_loop().run_in_executor(None, self.sync.close)
             return
-        channels = [r.channel for r in self.sync._replicas if r.channel is not None]
-        self.sync.close()
-        await asyncio.gather(*(ch.closed for ch in channels))
+        await asyncio.gather(*(ch.closed for ch in self.sync.close()))
 
     async def __aenter__(self):
         return self

@@ -191,13 +191,14 @@ class EmbeddingClient:
                             "inflight_tokens": r.inflight_tokens, "down": r.down_until > time.monotonic()}
                     for r in self._replicas}
 
-    def close(self):
+    def close(self) -> list:
+        """Close every replica's connection; returns the channels closed."""
         with self._lock:
             self._closed = True
-            channels = [r.drop_channel() for r in self._replicas]
+            channels = [ch for ch in (r.drop_channel() for r in self._replicas) if ch is not None]
         for ch in channels:
-            if ch is not None:
-                ch.close()
+            ch.close()
+        return channels
 
     def __enter__(self):
         return self

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rose_client import AsyncEmbeddingClient
-from rose_gateway import calls, stages
+from rose_gateway import stages
 from rose_gateway.embeddings import (check_dimensions, cut_dimensions, embedding_response, loads,
                                      parse_embedding_request)
 from rose_gateway.endpoint import direct_endpoint, endpoint
@@ -71,9 +71,9 @@ class Gateway:
         # fails only once Triton has answered none of its chunks for `timeout` seconds
         # grpc.aio streams on this worker's loop: an answer resolves its request's future here, with
         # no reader thread to hand it over (rose_client/aio_transport.py)
-        self.client = AsyncEmbeddingClient(s.triton_urls, asyncio_streams=True, timeout=None,
-                                           progress_timeout=s.timeout, retries=3, backoff=0.05, max_backoff=1.0,
-                                           chunk_timeout=s.timeout, api_key=s.api_key)
+        self.client = AsyncEmbeddingClient(s.triton_urls, asyncio_streams=True, on_sent=stages.sent,
+                                           timeout=None, progress_timeout=s.timeout, retries=3, backoff=0.05,
+                                           max_backoff=1.0, chunk_timeout=s.timeout, api_key=s.api_key)
         self.state = TritonState(s.triton_urls, api_key=s.api_key, admin_key=s.admin_key)
         self.reranker = Reranker(s.triton_urls, s.timeout, s.retry_after, api_key=s.api_key)
         learn = asyncio.ensure_future(self._learn_server_settings())     # before the first request, if it can
@@ -127,7 +127,7 @@ class Gateway:
             truncated = np.fromiter((len(t) > self.model.max_seq_length for t in req.token_lists), bool)
             tokens = sum(len(t) for t in token_lists)
             self.check_work(tokens)
-            emb = await self._call(calls.tokens(self.client, token_lists, lane=req.lane))
+            emb = await self._call(self.client.embed_tokens(token_lists, lane=req.lane))
             emb = cut_dimensions(emb, req.dimensions, self.model.normalizes)
         else:
             if not self.model.server_answered:
@@ -141,7 +141,7 @@ class Gateway:
                 self.check_work(tokens)
                 truncated = toks.truncated
                 if self.model.server_settings_known:     # the ids straight to `rose`
-                    emb = await self._call(calls.ragged(self.client, toks.ids, toks.lens, req.dimensions, req.lane))
+                    emb = await self._call(self.client.embed_ragged(toks.ids, toks.lens, req.dimensions, lane=req.lane))
                 else:                                    # the deployment's prompts are not known here yet
                     emb = await self._call(self._embed_texts(req))
         stages.mark("answered")

@@ -40,6 +40,11 @@ def mark(stage: str) -> None:
             CLOCK.mark(r, stage)
 
 
+def sent() -> None:
+    """The client's on_sent hook: a call's chunks were just sent."""
+    mark("sent")
+
+
 def finish() -> None:
     if CLOCK is not None:
         r = _current.get()

@@ -14,6 +14,7 @@ StageClock: rose_backend/serving/stage_clock.py), else 0.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 
 import triton_python_backend_utils as pb_utils
 
@@ -23,7 +24,7 @@ def send_final(sender, response) -> None:
     sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
-class DecoupledModel:
+class DecoupledModel(ABC):
     clock = None                    # a StageClock while stage timing is on
 
     def execute(self, requests):
@@ -37,8 +38,10 @@ class DecoupledModel:
                 send_final(sender, self.refusal(e))
         return None
 
+    @abstractmethod
     def admit(self, request, sender, received_ns: int) -> None:
-        raise NotImplementedError
+        """Read and check the request and hand it on (raise to refuse it)."""
 
+    @abstractmethod
     def refusal(self, error: Exception):
-        raise NotImplementedError
+        """The error response of a request admit() refused."""
