@@ -223,6 +223,7 @@ def test_concurrent_requests_get_their_own_ids_and_share_rust_calls(batching_ser
     calls, jobs = _metric(server, "rose_tokenize_encode_calls_total") - calls0, \
         _metric(server, "rose_tokenize_encoded_requests_total") - jobs0
     assert jobs == 2 * len(texts) and calls < jobs, (calls, jobs)         # some call held several requests
+    wait_until(lambda: _metric(server, "rose_tokenize_largest_batch") > 1, 10, interval=0.2)   # polled per instance
     assert _metric(server, "rose_tokenize_largest_batch") > 1
 
 

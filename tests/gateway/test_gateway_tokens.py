@@ -248,18 +248,17 @@ def test_random_weight_folders(shared_server, folders, name):
         texts = [ids_to_text(rng.integers(10, 1000, size=n)) for n in (3, 40, 700)]
     else:
         texts = [" ".join(rng.choice(WORDS, size=n)) for n in (3, 40, 700)]
-    c = StreamConnection(srv.grpc_url)
-    try:
-        with gateway_for(srv.grpc_url, f"tokens-{name}", extra_args=["--model", str(folder), "--workers", "1"],
-                         admin_key=srv.admin_key) as g:
-            tasks = [None, "query"]
-            for task in tasks:
+    with gateway_for(srv.grpc_url, f"tokens-{name}", extra_args=["--model", str(folder), "--workers", "1"],
+                     admin_key=srv.admin_key) as g:
+        c = StreamConnection(srv.grpc_url)      # opened once the gateway's process is forked off
+        try:
+            for task in (None, "query"):
                 assert_same_as_embed(g, c, texts, task)
             assert_same_as_embed(g, c, texts, None, 16, "base64")
             counted = embed_counted(c, texts)
             assert counted.truncated.tolist()[-1] is True
-    finally:
-        c.close()
+        finally:
+            c.close()
 
 
 def test_workers_that_cannot_start_stop_the_gateway(tmp_path):

@@ -70,6 +70,7 @@ def test_embed_forwards_the_lane_and_the_metrics_count_it(server):
         assert conn.infer("embed", [("TEXT", ["still serving"])]).result(60)["EMBEDDINGS"].shape == (1, 384)
         wait_until(lambda: lane_value(server, "rose_lane_batches_total", "bulk") >= before + 1
                    and lane_value(server, "rose_lane_wait_seconds_count", "bulk") == waits_before + 1
+                   and lane_value(server, "rose_lane_wait_seconds_bucket", "bulk", le="+Inf") == waits_before + 1
                    and lane_value(server, "rose_lane_wait_seconds_count", "interactive") >= 2, 10, interval=0.2)
         assert lane_value(server, "rose_lane_batches_total", "bulk") >= before + 1
         assert lane_value(server, "rose_lane_wait_seconds_count", "bulk") == waits_before + 1
