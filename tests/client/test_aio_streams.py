@@ -55,6 +55,7 @@ def test_bad_input_is_named_and_the_client_serves_on(server):
     assert ok.shape == (1, 384)
 
 
+@pytest.mark.exclusive     # counts the server's work: nothing else may use it meanwhile
 def test_a_cancelled_call_cancels_its_requests_at_the_server(server):
     work = [[101] + [2000 + (i + j) % 500 for j in range(254)] + [102] for i in range(64)]   # 8 chunks
     wait_idle(server)

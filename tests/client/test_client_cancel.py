@@ -13,7 +13,7 @@ from support.metrics import rose_metric, wait_idle
 from rose_testing.compare import cos_dist
 from rose_client import AsyncEmbeddingClient, EmbeddingClient
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.exclusive]     # counts the server's work: nobody else on it
 
 
 def sequences(n: int, length: int = 256, seed: int = 0) -> list[list[int]]:

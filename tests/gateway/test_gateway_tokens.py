@@ -151,6 +151,7 @@ def test_late_chunking_refusals(gw):
 
 
 # --------------------------------------------------------------------------- lanes
+@pytest.mark.exclusive      # counts the server's bulk-lane admissions
 def test_the_lane_reaches_rose(gw, server):
     before = _lane_count(server, "bulk")
     r = post(gw, {"input": "a short text, interactive by its size", "lane": "bulk"})

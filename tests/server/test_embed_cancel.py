@@ -55,6 +55,7 @@ def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False, requests
             rose_metric(server, "rose_sequences_total") - seqs0)
 
 
+@pytest.mark.exclusive
 def test_a_cancelled_stream_on_rose_leaves_its_backlog_uncomputed(server):
     cancelled, computed = give_up_on_a_backlog(server, "rose")
     assert cancelled >= REQUESTS / 2, (cancelled, computed)
@@ -62,6 +63,7 @@ def test_a_cancelled_stream_on_rose_leaves_its_backlog_uncomputed(server):
     assert computed <= (REQUESTS - cancelled + 2) * SEQS
 
 
+@pytest.mark.exclusive
 def test_embed_requests_already_in_rose_are_computed_and_the_server_serves_on(server, client):
     cancelled, computed = give_up_on_a_backlog(server, "embed", all_in_rose=True)
     # the documented limit: if this fails, Triton now cancels running ensemble steps (README outdated)
