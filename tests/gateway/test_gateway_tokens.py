@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 from support.gateway import gateway_for
-from support.metrics import metric
+from support.metrics import metric, wait_idle
 
 from rose_testing.compare import cos_dist
 from rose_client import EmbeddingClient, StreamConnection
@@ -151,8 +151,10 @@ def test_late_chunking_refusals(gw):
 
 
 # --------------------------------------------------------------------------- lanes
-@pytest.mark.exclusive      # counts the server's bulk-lane admissions
 def test_the_lane_reaches_rose(gw, server):
+    """Counts the bulk-lane admissions of the worker's own session server (no other test uses it
+    meanwhile), once the counts of the tests before have settled."""
+    wait_idle(server)
     before = _lane_count(server, "bulk")
     r = post(gw, {"input": "a short text, interactive by its size", "lane": "bulk"})
     assert r.status_code == 200, r.text
