@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rose_backend.layers import fused
+from rose_backend.layers import fused, switches
 
 _ACT = {
     "gelu": lambda x: F.gelu(x),                         # exact (erf) GELU, BERT / XLM-R
@@ -24,7 +24,7 @@ def activation(name: str):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a fused gate/up projection: [T, 2F] -> [T, F] (flashinfer's kernel on CUDA)."""
     if fused.half_kernels(x):
-        return fused.flashinfer.activation.silu_and_mul(x)
+        return fused.flashinfer.activation.silu_and_mul(x, enable_pdl=switches.flashinfer_pdl())
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rose_backend.layers import fused
+from rose_backend.layers import fused, switches
 from rose_backend.layers.projection import Partials
 
 
@@ -69,8 +69,8 @@ class AddRMSNorm(RMSNorm):
             return _triton().parts_add_rmsnorm_(x.parts, x.bias, residual, self.weight, self.eps), residual
         if fused.half_kernels(x):
             if residual is None:
-                return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps), x
-            fused.flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+                return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl()), x
+            fused.flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl())
             return x, residual
         if residual is not None:
             x = x + residual

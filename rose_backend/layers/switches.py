@@ -7,6 +7,9 @@ hosts where a kernel misbehaves; the served settings are the `rose` parameters, 
                                    largest batch scales with it: 8,192 tokens per 256 MiB)
     ROSE_SPLITK_MAX_TOKENS         largest token count that runs the split-K projections (default 256;
                                    0: never); layers/projection.py keeps it as `max_tokens`
+    ROSE_FLASHINFER_PDL            0: flashinfer's norm and SiLU-and-mul kernels launch without
+                                   programmatic dependent launch (default: flashinfer's choice, on
+                                   from sm_90); read when a graph is captured or an eager pass runs
 
 The fused-kernel switch is a module attribute, not an environment variable: layers/fused.py.
 """
@@ -26,3 +29,8 @@ def flashinfer_workspace_mb() -> int:
 
 def splitk_max_tokens() -> int:
     return int(os.environ.get("ROSE_SPLITK_MAX_TOKENS", "256"))
+
+
+def flashinfer_pdl() -> bool | None:
+    """enable_pdl for flashinfer's kernels: False under ROSE_FLASHINFER_PDL=0, else None (flashinfer's default)."""
+    return False if os.environ.get("ROSE_FLASHINFER_PDL", "") == "0" else None
