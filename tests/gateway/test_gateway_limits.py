@@ -245,7 +245,9 @@ def test_a_client_reset_is_counted_as_499_not_an_error(gw, server):
 @pytest.mark.exclusive     # counts the server's work: nothing else may use it meanwhile
 @pytest.mark.parametrize("kind", ["texts", "token ids"])
 def test_work_of_clients_that_went_away_is_cancelled(gw, server, kind):
-    """10 requests of 64 inputs of ~256 tokens, their clients reset after 0.5 s: sequences computed."""
+    """10 requests of 64 inputs of ~256 tokens, their clients reset once rose has a backlog of
+    their chunks (at least 0.5 s after sending; the gateway may still be tokenizing the texts then,
+    and the queue gauge is polled about once a second): sequences computed."""
     wait_idle(server)
     seqs0, cancelled0 = rose_metric(server, "rose_sequences_total"), rose_metric(server, "rose_requests_cancelled_total")
     inputs = texts(64) if kind == "texts" else [[101] + [2000 + (i + j) % 500 for j in range(254)] + [102]
@@ -256,6 +258,10 @@ def test_work_of_clients_that_went_away_is_cancelled(gw, server, kind):
         s.sendall(request("/v1/embeddings", json.dumps({"input": inputs}).encode()))
         socks.append(s)
     time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while rose_metric(server, "rose_queue_tokens") == 0:
+        assert time.monotonic() < deadline, "rose never had a backlog of the requests' chunks"
+        time.sleep(0.05)
     for s in socks:
         reset(s)
     wait_idle(server)
