@@ -60,10 +60,10 @@ _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _docs_under(node) -> list[str]:
-    """The docstrings of node and of every module, class and function among its statements, in
-    ast.walk's order (breadth first). Only statement lists are searched: a documented definition
-    is always a statement, and skipping the expressions makes this several times faster than
-    ast.walk over every node."""
+    """The docstrings of node and of every module, class and function among its statements (breadth
+    first; corpus() sorts, so the order does not matter). Only statement lists are searched: a
+    documented definition is always a statement, and skipping the expressions makes this several
+    times faster than ast.walk over every node."""
     out, todo = [], collections.deque([node])
     while todo:
         n = todo.popleft()

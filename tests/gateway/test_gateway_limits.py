@@ -13,7 +13,7 @@ import httpx
 import pytest
 from support.gateway import LOG_DIR, gateway_for
 from support.raw_http import connect, read_response, request, roundtrip
-from support.metrics import metric, rose_metric, wait_idle
+from support.metrics import metric, rose_metric, wait_for_backlog, wait_idle
 
 from rose_backend.launch.deployment import free_ports
 
@@ -258,10 +258,7 @@ def test_work_of_clients_that_went_away_is_cancelled(gw, server, kind):
         s.sendall(request("/v1/embeddings", json.dumps({"input": inputs}).encode()))
         socks.append(s)
     time.sleep(0.5)
-    deadline = time.monotonic() + 30
-    while rose_metric(server, "rose_queue_tokens") == 0:
-        assert time.monotonic() < deadline, "rose never had a backlog of the requests' chunks"
-        time.sleep(0.05)
+    wait_for_backlog(server)
     for s in socks:
         reset(s)
     wait_idle(server)
