@@ -224,10 +224,13 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path):
 
 
 def test_perf_analyzer_script_takes_url_then_perf_analyzer_options(server):
-    """README's command line: the URL, then perf_analyzer's own options (no input file between)."""
+    """README's command line: the URL, then perf_analyzer's own options (no input file between).
+
+    Windows of a request count, not of time: on a loaded CI machine a 300 ms window once closed
+    before its first request came back ("No valid requests recorded within time interval")."""
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "perf_analyzer.sh"), server.grpc_url,
-                        "--concurrency-range", "1:2", "--measurement-interval", "300", "-r", "3",
-                        "--stability-percentage", "999"], capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "ADMIN_KEY": server.admin_key})
+                        "--concurrency-range", "1:2", "--measurement-mode", "count_windows",
+                        "--measurement-request-count", "20", "-r", "3", "--stability-percentage", "999"],
+                       capture_output=True, text=True, timeout=180, env={**os.environ, "ADMIN_KEY": server.admin_key})
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     assert "Concurrency: 1," in r.stdout and "Concurrency: 2," in r.stdout, r.stdout[-2000:]
