@@ -37,7 +37,7 @@ from rose_gateway import stages
 from rose_gateway.embeddings import (check_dimensions, cut_dimensions, embedding_response, loads,
                                      parse_embedding_request)
 from rose_gateway.endpoint import direct_endpoint, endpoint
-from rose_gateway.errors import ApiError, bad_request, from_triton, too_large, unavailable
+from rose_gateway.errors import ApiError, from_triton, too_large, unavailable
 from rose_gateway.metrics import GatewayMetrics
 from rose_gateway.rerank import Reranker, parse_rerank_request, rerank_response
 from rose_gateway.settings import GatewaySettings

@@ -15,7 +15,9 @@ ROSE_GATEWAY_WORKER which one they are) and:
 A worker binds its socket before its start-up, and listens only once it serves, so no connection
 waits for a worker still starting. Each one marks itself serving with a file in the shared state
 folder (PROMETHEUS_MULTIPROC_DIR: the workers' metrics are kept there too, metrics.py), which
-/health counts ("workers": serving / started); the folder is removed when the gateway exits.
+/health counts ("workers": serving / started); the folder is removed when the gateway exits, and
+one whose gateway was killed, by the next gateway or by the launcher that reaped it
+(rose_backend.launch.scratch).
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 WORKER_ENV = "ROSE_GATEWAY_WORKER"       # i of n ("0/4"): this process is a worker
@@ -84,6 +85,7 @@ def serving_count(state_dir: str | None) -> int:
 
 def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) -> int:
     """Run `workers` worker processes of `python -m rose_gateway argv` on host:port until SIGTERM."""
+    from rose_backend.launch.scratch import GATEWAY_STATE_PREFIX, owned_folder
     from rose_backend.launch.supervision import PortInUse, check_ports_free, die_with_parent
     try:
         check_ports_free(host, {"gateway": port})
@@ -91,7 +93,7 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) 
     except (PortInUse, OSError) as e:
         print(f"rose_gateway: {e}", file=sys.stderr, flush=True)
         return 1
-    state = tempfile.mkdtemp(prefix="rose_gateway_state_")
+    state, lock = owned_folder(GATEWAY_STATE_PREFIX)
     stopping: list[int] = []
 
     def start(i: int) -> tuple[subprocess.Popen, float]:
@@ -139,3 +141,4 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) 
             signal.signal(s, h)
         guard.close()
         shutil.rmtree(state, ignore_errors=True)
+        os.close(lock)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rose_backend.launch.child import ChildProcess, http_status, reachable
 from rose_backend.launch.deployment import REPO_ROOT
+from rose_backend.launch.scratch import GATEWAY_STATE_PREFIX, remove_unowned
 
 DEFAULT_DRAIN_S = 10.0          # the gateway's own --drain-timeout default
 STOP_MARGIN_S = 3.0
@@ -85,4 +86,6 @@ class GatewayProcess(ChildProcess):
             except subprocess.TimeoutExpired:
                 pass
         self.kill_group()                                # its own group: only its worker processes
-        return self.proc.wait()
+        code = self.proc.wait()
+        remove_unowned(GATEWAY_STATE_PREFIX)             # a killed gateway's worker state
+        return code

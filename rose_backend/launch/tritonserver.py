@@ -19,6 +19,7 @@ from pathlib import Path
 from rose_backend.launch.argv_scrub import options_read, scrub_argv
 from rose_backend.launch.child import ChildProcess, http_status, reachable
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, MODELS, Ports, reranker_repository, served_models
+from rose_backend.launch.scratch import remove_python_envs_of_dead_servers
 from rose_backend.launch.keys import KEY_VARIABLES, key_from, restricted_args
 from rose_backend.launch.supervision import (KILL_MARGIN_S, PortInUse, aborted_at_start, cache_env, check_ports_free,
                                              exit_timeout_for)
@@ -173,3 +174,4 @@ class TritonProcess(ChildProcess):
         self.kill_group()                      # the server's group: only its own stubs are left
         for f in Path("/dev/shm").glob(self.shm_prefix + "*"):
             f.unlink(missing_ok=True)
+        remove_python_envs_of_dead_servers()   # Triton's own scratch folder, when it was killed

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +23,15 @@ def gateway_pid(run: LauncherRun) -> int:
     pids = [p for p in children(run.proc.pid) if "rose_gateway" in leftovers.processes([run.prefix]).get(p, "")]
     assert len(pids) == 1, (pids, run.processes())
     return pids[0]
+
+
+def state_folder(pid: int) -> Path:
+    """The worker-state folder a gateway holds the lock of (rose_backend/launch/scratch.py)."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = Path(os.readlink(fd))
+        if target.name == ".owner" and target.parent.name.startswith("rose_gateway_state_"):
+            return target.parent
+    raise AssertionError(f"gateway {pid} holds no worker-state folder")
 
 
 def embeds(run: LauncherRun) -> bool:
@@ -55,11 +65,13 @@ def test_a_second_launch_on_the_same_gateway_port_refuses_naming_it(launch):
 def test_a_killed_gateway_is_started_again_and_serves(launch):
     assert embeds(launch)
     old = gateway_pid(launch)
+    folder = state_folder(old)
     seen = len(launch.lines)
     os.kill(old, signal.SIGKILL)
     assert launch.wait_for("starting it again (restart 1 of 3 within 60 s)", 30, after=seen), launch.output
     assert launch.wait_for("the gateway serves again", 60, after=seen), launch.output
     assert gateway_pid(launch) != old and embeds(launch)
+    assert not folder.exists()                  # the killed one's worker state went with it
     assert launch.proc.poll() is None
 
 
@@ -84,14 +96,18 @@ def test_another_listener_on_the_gateway_port_stops_the_launch(launch):
 def test_a_gateway_that_keeps_dying_stops_everything():
     with LauncherRun() as run:
         assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output
+        folders = []
         for i in range(1, 4):
             seen = len(run.lines)
+            folders.append(state_folder(gateway_pid(run)))
             os.kill(gateway_pid(run), signal.SIGKILL)
             assert run.wait_for(f"(restart {i} of 3 within 60 s)", 30, after=seen), run.output
             assert run.wait_for("the gateway serves again", 60, after=seen), run.output
+        folders.append(state_folder(gateway_pid(run)))
         os.kill(gateway_pid(run), signal.SIGKILL)
         code = run.proc.wait(60)
         assert code == 1, run.output
         assert "4 exits within 60 s; stopping" in run.output
+        assert not [f for f in folders if f.exists()]       # no killed gateway's worker state is left
         procs, segs = leftovers.wait_gone([run.prefix], 10.0)
         assert not procs and not segs, (procs, segs)

@@ -1,0 +1,100 @@
+"""Scratch folders of processes killed before they could remove them: found and removed, never a
+live process's.
+
+- Triton's Python backend makes one empty folder `/tmp/python_env_XXXXXX` per tritonserver (its
+  EnvironmentManager, a fixed path whatever TMPDIR says) and removes it at a clean exit only: a
+  server killed with SIGKILL leaves it. remove_python_envs_of_dead_servers() removes those made
+  before every live tritonserver of this machine started; such a folder's server is gone. It runs
+  each time the launcher has reaped a tritonserver.
+- owned_folder(prefix): a temporary folder whose owner holds a lock on a file in it for as long as
+  it lives (the HTTP gateway's shared worker state). remove_unowned(prefix) removes those whose
+  lock nobody holds: their owner is gone, however it ended. The kernel drops a lock with the
+  process, so there is no guessing.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+PYTHON_ENVS = ("/tmp", "python_env_*")          # where Triton's Python backend makes them
+GATEWAY_STATE_PREFIX = "rose_gateway_state_"     # the gateway's worker state (rose_gateway.workers)
+LOCK_NAME = ".owner"
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def tritonserver_start_times() -> list[float]:
+    """When each live tritonserver of this machine started (seconds since the epoch)."""
+    boot, hz = _boot_time(), os.sysconf("SC_CLK_TCK")
+    starts = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if "tritonserver" not in os.path.basename(os.readlink(entry / "exe")):
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        starts.append(boot + int(fields[19]) / hz)
+    return starts
+
+
+def remove_python_envs_of_dead_servers(where: tuple[str, str] = PYTHON_ENVS) -> list[str]:
+    """Remove the empty python_env folders of this user's that are older than every live
+    tritonserver (one second's margin for the clocks' rounding); the ones removed. `where`: the
+    folder and the pattern of the names in it."""
+    try:
+        oldest_live = min(tritonserver_start_times(), default=float("inf")) - 1.0
+    except OSError:
+        return []
+    removed = []
+    for path in Path(where[0]).glob(where[1]):
+        try:
+            st = path.lstat()
+            if st.st_uid != os.getuid() or st.st_ctime >= oldest_live:
+                continue
+            path.rmdir()                         # an empty folder only
+        except OSError:
+            continue
+        removed.append(str(path))
+    return removed
+
+
+def owned_folder(prefix: str) -> tuple[str, int]:
+    """A new temporary folder and the descriptor of the lock this process holds on it while it
+    lives (keep it open; it is not inherited by children started with close_fds)."""
+    remove_unowned(prefix)
+    making = tempfile.mkdtemp(prefix="." + prefix)      # locked under a name no sweep looks at
+    fd = os.open(os.path.join(making, LOCK_NAME), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    path = os.path.join(os.path.dirname(making), os.path.basename(making)[1:])
+    os.rename(making, path)
+    return path, fd
+
+
+def remove_unowned(prefix: str) -> list[str]:
+    """Remove this user's temporary folders named `prefix`* whose lock no process holds."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(prefix + "*"):
+        try:
+            fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:                          # not ours
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:                          # its owner lives
+            continue
+        finally:
+            os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+    return removed
