@@ -114,15 +114,13 @@ def client(server):
 # `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), the reranker modules another (one server per
-# reranker kind), the two modules that count cancelled work on the session server a third (their
-# exclusive tests run back to back: pytest_runtest_protocol), and test_soak runs right after
+# reranker kind), and test_soak runs right after
 # test_server on the same session server; the tests of a SPLIT module are units of their own. The
 # longest units go first, so that no worker is left with a long one at the end. Each worker has its
 # own session servers and checks its own leftovers; the controller fails the run if a worker found
 # any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
-          "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers",
-          "test_client_cancel": "cancel", "test_embed_cancel": "cancel"}
+          "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
 # so that their minutes are spread over the workers. Not test_supervision and test_stop_bound: split,
 # their tests ran side by side and each `alone` block waited for the others' launches (a full run
@@ -131,7 +129,7 @@ SPLIT = {"test_bench", "test_fp8_accuracy"}
 LONGEST_FIRST = ("test_server", "test_bench", "test_fp8_accuracy", "replicas", "test_supervision", "test_gateway_limits",
                  "test_security", "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
-                 "test_gateway_failover", "rerankers", "cancel")
+                 "test_gateway_failover", "rerankers")
 
 
 def module_group(nodeid: str) -> str:

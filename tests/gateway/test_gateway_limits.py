@@ -242,8 +242,7 @@ def test_a_client_reset_is_counted_as_499_not_an_error(gw, server):
     assert_serving(gw)
 
 
-@pytest.mark.exclusive     # counts the server's work: nothing else may use it meanwhile
-@pytest.mark.parametrize("kind", ["texts", "token ids"])
+@pytest.mark.parametrize("kind", ["texts", "token ids"])     # (the session server is this worker's own)
 def test_work_of_clients_that_went_away_is_cancelled(gw, server, kind):
     """10 requests of 64 inputs of ~256 tokens, their clients reset once rose has a backlog of
     their chunks (at least 0.5 s after sending; the gateway may still be tokenizing the texts then,
