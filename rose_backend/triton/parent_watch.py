@@ -10,16 +10,26 @@ SIGINT/SIGTERM, since the server stops it). `rose` asks requests that waited in 
 they were cancelled, so a server killed while requests waited left its `rose` stub behind with its
 host (and GPU) memory and its /dev/shm segment; `tokenize` never asks, so its stubs exited.
 
-The cause is in the stub's C++; this watchdog is the workaround: a daemon thread polls the
-parent pid (the stub is started with the server's pid as an argument) and, once the stub has been
-re-parented, removes the stub's shared-memory region and ends the process with os._exit, which
-frees its host and GPU memory. It needs the GIL, which the blocked threads do not hold (checked
-in the deadlocked stub: the GIL was free).
+The cause is in the stub's C++; two watchdogs are the workaround, both started by watch_parent():
+- a daemon thread polls the parent pid (the stub is started with the server's pid as an argument)
+  and, once the stub has been re-parented, removes the stub's shared-memory region and ends the
+  process with os._exit, which frees its host and GPU memory. It needs the GIL, which the threads
+  blocked on SendIsCancelled do not hold (checked in the deadlocked stub: the GIL was free).
+- a watcher process (a bare `python -I -S`, ~10 MB), for the stubs whose GIL is held forever: a
+  custom-metric update (polled_metrics.py; python_backend's Metric round trip keeps the GIL) in
+  flight when the server is killed never returns, and then no thread of the stub runs again (seen
+  in 1 of 3 `kill -9` runs under load, the metrics thread in the round trip and every other thread
+  waiting for the GIL). The watcher holds pidfds of the server and of the stub and sleeps in
+  poll(): the stub exiting first ends it; the server dying first makes it SIGKILL the stub and
+  remove its region. The kernel, not the stub, wakes it, so nothing the stub holds can stop it.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -104,4 +114,45 @@ def watch_parent(model: str, interval: float = 0.5) -> threading.Thread | None:
 
     thread = threading.Thread(target=run, name=f"{model}-parent-watch", daemon=True)
     thread.start()
+    start_watcher(model, region, server_pid)
     return thread
+
+
+# The watcher process: argv model, region, a pidfd of the server, one of the stub (inherited).
+WATCHER = """
+import os, select, signal, sys
+model, region, server, stub = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+p = select.poll()
+p.register(server, select.POLLIN)
+p.register(stub, select.POLLIN)
+if stub not in {fd for fd, _ in p.poll()}:
+    os.write(2, f"{model}: tritonserver is gone; killing its stub and removing /dev/shm/{region}\\n".encode())
+    signal.pidfd_send_signal(stub, signal.SIGKILL)
+    try:
+        os.unlink("/dev/shm/" + region)
+    except OSError:
+        pass
+"""
+
+
+def start_watcher(model: str, region: str, server_pid: int) -> subprocess.Popen | None:
+    """The watcher process of this stub (None where it cannot run: no pidfds, no Python found)."""
+    python = sys.executable if sys.executable and os.path.exists(sys.executable) else shutil.which("python3")
+    if not python or not hasattr(os, "pidfd_open"):
+        log.warning("%s: no watcher process (it needs Linux pidfds and a python3); the stub may outlive "
+                    "a killed server", model)
+        return None
+    fds = []
+    try:
+        fds.append(os.pidfd_open(server_pid))
+        if os.getppid() != server_pid:           # gone already: the pid may name another process now
+            return None
+        fds.append(os.pidfd_open(os.getpid()))
+        return subprocess.Popen([python, "-I", "-S", "-c", WATCHER, model, region, *map(str, fds)],
+                                stdin=subprocess.DEVNULL, pass_fds=fds)
+    except OSError as e:
+        log.warning("%s: no watcher process (%s); the stub may outlive a killed server", model, e)
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,11 +1,10 @@
 """Custom Prometheus metrics of a Python model (served on Triton's metrics port), read from the
 model's own counters once a second by a thread, so that the request path never pays for them.
 
-Each update is a round trip to tritonserver, and one made after the server died does not return.
-With gauges sent every second, an idle `tokenize_batched` stub outlived its killed server in 1 of
-3 runs of test_launcher_killed_takes_its_servers_with_it (its parent watchdog, parent_watch.py,
-did not end it: presumably the blocked call holds the GIL); sending a value only when it changed,
-and nothing once the stub's parent is gone: 0 of 5.
+Each update is a round trip to tritonserver, and one in flight when the server dies never
+returns, with the GIL held: no other thread of the stub runs again, its parent-watch thread
+included; the stub's watcher process (parent_watch.py) kills it. Values are sent only when they
+changed, and nothing once the stub's parent is gone, so that such a round trip is rare.
 
 The round trip does hold the GIL (python_backend's Metric::SendIncrementRequest does not release
 it), so the stub's other threads stop while it lasts. The metrics are therefore refreshed one at a

@@ -72,23 +72,23 @@ def small_server(tmp_path):
         leftovers.remove(*leftovers.wait_gone([prefix(srv)], 5))
 
 
-# Killed under load, the stubs exited within 5 s in most full runs but took longer twice in six
-# (2026-12-01, cause not found): the bound is 15 s, so a stub that never exits still fails here.
-UNDER_LOAD_EXIT_S = 15.0
+# Killed under load, the stubs go within 0.1 s of the server (each stub's watcher process SIGKILLs
+# it, parent_watch.py). Before the watcher, a `rose` stub whose metrics thread was in a round trip
+# to the server when it died held the GIL forever and never exited (1 run in 3 here).
+UNDER_LOAD_EXIT_S = 5.0
 
 
 @pytest.mark.server
-def test_stubs_exit_when_tritonserver_is_killed_under_load(small_server, alone):
+def test_stubs_exit_when_tritonserver_is_killed_under_load(small_server):
     found = stubs(small_server)
     assert len(found.get("rose", [])) == 1 and len(found.get("tokenize", [])) >= 1, found
     conn = busy(small_server)
     try:
-        with alone():               # timed: a stub's exit, not the other workers' load on two cores
-            t0 = time.monotonic()
-            small_server.proc.kill()
-            small_server.proc.wait()
-            assert_nothing_left(small_server, UNDER_LOAD_EXIT_S)
-            assert time.monotonic() - t0 < UNDER_LOAD_EXIT_S
+        t0 = time.monotonic()
+        small_server.proc.kill()
+        small_server.proc.wait()
+        assert_nothing_left(small_server, UNDER_LOAD_EXIT_S)
+        assert time.monotonic() - t0 < UNDER_LOAD_EXIT_S
     finally:
         conn.close()
 
