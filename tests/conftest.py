@@ -114,18 +114,15 @@ def client(server):
 # `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), the reranker modules another (one server per
-# reranker kind), and test_soak runs right after
-# test_server on the same session server; the tests of a SPLIT module are units of their own. The
-# longest units go first, so that no worker is left with a long one at the end. Each worker has its
+# reranker kind), and test_soak runs right after test_server on the same session server; the tests
+# of a SPLIT module are units of their own. The longest units go first, so that no worker is left with a long one at the end. Each worker has its
 # own session servers and checks its own leftovers; the controller fails the run if a worker found
 # any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
           "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
-# so that their minutes are spread over the workers. Not test_supervision and test_stop_bound: split,
-# their tests ran side by side and each `alone` block waited for the others' launches (a full run
-# took 40 s longer).
-SPLIT = {"test_bench", "test_fp8_accuracy"}
+# so that their minutes are spread over the workers.
+SPLIT = {"test_bench", "test_fp8_accuracy", "test_supervision", "test_stop_bound"}
 LONGEST_FIRST = ("test_server", "test_bench", "test_fp8_accuracy", "replicas", "test_supervision", "test_gateway_limits",
                  "test_security", "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
@@ -172,13 +169,11 @@ def _exclusive(item) -> bool:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Under xdist, a test marked `exclusive` (timing-sensitive: work timed on two one-thread servers,
-    servers stopped under traffic) runs, set-up and tear-down included, while the other workers wait:
+    """Under xdist, a test marked `exclusive` (timing-sensitive: work timed on two one-thread servers)
+    runs, set-up and tear-down included, while the other workers wait:
     every other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock.
     Exclusive tests that follow one another on a worker keep the lock from one to the next (the
-    other workers wait for their running tests once, not before each). A test whose
-    timing-sensitive part is only a part of it (after starting its own servers) takes the `alone`
-    fixture instead and holds the exclusive lock for that block only."""
+    other workers wait for their running tests once, not before each)."""
     path = os.environ.get("ROSE_TEST_CPU_LOCK")
     if path is None or not hasattr(item.config, "workerinput"):
         return (yield)
@@ -191,38 +186,14 @@ def pytest_runtest_protocol(item, nextitem):
                 f.close()
         lock, gate = open(path, "a"), open(path + ".gate", "a")
         _lock(gate, lock, fcntl.LOCK_EX if _exclusive(item) else fcntl.LOCK_SH)
-    item.rose_cpu_lock = (gate, lock)
     try:
         return (yield)
     finally:
-        del item.rose_cpu_lock
         if _exclusive(item) and _exclusive(nextitem):
             _held_exclusive.append((gate, lock))
         else:
             lock.close()                              # closing the files releases the lock
             gate.close()
-
-
-@pytest.fixture
-def alone(request):
-    """`with alone(): ...`: the block runs while no other xdist worker runs a test (the exclusive
-    lock of pytest_runtest_protocol, taken for the block only; the test's shared lock before and
-    after). Without xdist it only runs the block."""
-    @contextlib.contextmanager
-    def block():
-        held = getattr(request.node, "rose_cpu_lock", None)
-        if held is None:
-            yield
-            return
-        import fcntl
-        gate, lock = held
-        fcntl.flock(lock, fcntl.LOCK_UN)   # first let go of the shared lock: a test waiting at the gate may hold none
-        _lock(gate, lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_SH)
-    return block
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -91,20 +91,21 @@ def stop_and_check(run: LauncherRun, bound: float, busy: Stream | None = None, s
 
 
 @pytest.mark.server
-def test_50_idle_streams_do_not_hold_the_stop(alone):
-    """Idle streams on each kind of model (an ensemble, the decoupled `rose`, a plain Python model)."""
+def test_50_idle_streams_do_not_hold_the_stop():
+    """Idle streams on each kind of model (an ensemble, the decoupled `rose`, a plain Python model).
+    Held open, they kept the server for its whole exit timeout (22 s) and then got it killed; the
+    stop is timed beside the other workers' load (6.1 s with three CPU hogs on two cores), within 12 s."""
     with LauncherRun() as run:
         assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output
         streams = idle_streams(run.grpc_url, 50, ["embed", "rose", "tokenize"])
         busy = Stream(run.grpc_url)
         try:
-            with alone():                                        # the stop is timed: no other worker's load
-                for _ in range(3):                               # in flight when SIGTERM comes
-                    busy.send("embed", text(words=100, n=4))
-                    busy.send("rose", token_ids(n=2, length=256))
-                time.sleep(0.1)
-                assert busy.answers.qsize() < 6                   # some were still being computed
-                stop_and_check(run, 8.0, busy, 6)
+            for _ in range(3):                                   # in flight when SIGTERM comes
+                busy.send("embed", text(words=100, n=4))
+                busy.send("rose", token_ids(n=2, length=256))
+            time.sleep(0.1)
+            assert busy.answers.qsize() < 6                       # some were still being computed
+            stop_and_check(run, 12.0, busy, 6)
             _, error = streams[0].answers.get(timeout=10)         # an idle stream is told that it ended
             assert error is not None and "StatusCode.UNAVAILABLE" in str(error.status()), error
         finally:
@@ -130,7 +131,9 @@ def slow_upload(url: str, stop: threading.Event) -> socket.socket:
 
 
 @pytest.mark.server
-def test_a_slow_upload_and_200_idle_streams_stop_within_the_drain_bound(tmp_path, alone):
+def test_a_slow_upload_and_200_idle_streams_stop_within_the_drain_bound(tmp_path):
+    """The documented bound, drain_timeout_s + 5 s, beside the other workers' load (4.6 s with
+    three CPU hogs on two cores, drain_timeout_s 4)."""
     drain = 4
     repo = repository_with({"rose": {"drain_timeout_s": str(drain)}}, tmp_path)
     with LauncherRun("--repository", str(repo)) as run:
@@ -139,9 +142,8 @@ def test_a_slow_upload_and_200_idle_streams_stop_within_the_drain_bound(tmp_path
         stop = threading.Event()
         upload = slow_upload(run.gateway_url, stop)
         try:
-            with alone():                                         # the stop is timed: no other worker's load
-                time.sleep(1.0)
-                seconds = stop_and_check(run, drain + 5.0)
+            time.sleep(1.0)
+            seconds = stop_and_check(run, drain + 5.0)
             assert seconds >= drain - 1                           # the gateway did wait for the upload
         finally:
             stop.set()
