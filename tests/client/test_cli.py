@@ -139,7 +139,7 @@ def test_failed_run_that_finished_no_block_leaves_no_partial(tmp_path, capsys):
 def test_ctrl_c_stops_promptly_and_keeps_every_finished_block(server, tmp_path):
     """SIGINT (Ctrl-C) midway: rose-embed exits within seconds (it does not wait for the blocks in
     flight), says how many rows are saved, and --resume then finishes with exactly the rest."""
-    n, block = 2000, 400        # blocks of seconds each on the CPU: 2 saved, 2 in flight, 1 not yet sent
+    n, block = 1000, 200        # blocks of a second or more each on the CPU: 2 saved, 2 in flight, 1 not yet sent
     src = tmp_path / "in.txt"
     src.write_text("\n".join(texts(n, seed=3)) + "\n")
     out, partial = tmp_path / "out.npy", tmp_path / "out.npy.partial"
