@@ -58,8 +58,10 @@ def test_a_cancelled_task_cancels_its_requests_at_the_server(server):
 
 
 def test_a_timed_out_call_cancels_its_requests(server):
-    """128 sequences (16 chunks, ~6 s of this machine's CPU alone) and a 1.5 s timeout: time for
-    the chunks to reach rose even on a loaded machine, and most of them still queued."""
+    """128 sequences (16 chunks, all sent at once: ~6 s of this machine's CPU alone) and a 1.5 s
+    timeout: fewer than 96 computed shows the call cancelled what it had sent. On a loaded machine
+    most chunks may not have reached rose's pool by then (a full run: 12 computed, none counted
+    cancelled by rose), so rose's own cancel count is not required here."""
     counted = Counted(server)
     with EmbeddingClient(server.grpc_url, timeout=1.5) as c:
         t0 = time.monotonic()
@@ -67,7 +69,7 @@ def test_a_timed_out_call_cancels_its_requests(server):
             c.embed_tokens(sequences(128, seed=1))
         assert time.monotonic() - t0 < 6
     computed, cancelled = counted.after_idle()
-    assert cancelled >= 1 and computed < 96, (computed, cancelled)
+    assert computed < 96, (computed, cancelled)
 
 
 def test_cancelling_one_call_leaves_the_others_answered(server):
