@@ -67,9 +67,9 @@ serve: install
 
 # Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one
 # worker): much of a server test is waiting on a server's start-up and shutdown, or on a timeout it
-# checks, which the others fill; the timing-sensitive parts run alone (the `exclusive` marker and
-# the `alone` fixture of tests/conftest.py), whatever the worker count. Four were no faster here
-# and loaded the host past 13, where Triton's Python backend aborts more often as it starts.
+# checks, which the others fill. No test needs the machine to itself (how fast is the benchmarks'
+# question). Four workers were no faster here (312 s against 316 s) and loaded the host
+# past 13, where Triton's Python backend aborts more often as it starts.
 test: $(VENV)/.test-installed
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 3 $(PYTEST_ARGS)
 

@@ -143,59 +143,6 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(module_group(item.nodeid), len(rank)))   # stable: file order within
 
 
-def pytest_configure(config):
-    if not hasattr(config, "workerinput"):            # the controller (or a run without xdist)
-        os.environ["ROSE_TEST_CPU_LOCK"] = f"/tmp/rose-tests-{os.getpid()}.lock"   # its workers inherit it
-
-
-def _lock(gate, lock, mode: int) -> None:
-    """Take `lock` in `mode` through the gate: a test waiting for the exclusive lock holds the gate,
-    so that no test starts beside it meanwhile (flock alone lets shared locks in one after another
-    for as long as they overlap, and an exclusive one could wait for the rest of the run)."""
-    import fcntl
-    fcntl.flock(gate, fcntl.LOCK_EX)
-    try:
-        fcntl.flock(lock, mode)
-    finally:
-        fcntl.flock(gate, fcntl.LOCK_UN)
-
-
-_held_exclusive: list = []    # [(gate, lock)]: the exclusive lock kept from one exclusive test to the next
-
-
-def _exclusive(item) -> bool:
-    return item is not None and item.get_closest_marker("exclusive") is not None
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Under xdist, a test marked `exclusive` (timing-sensitive: work timed on two one-thread servers)
-    runs, set-up and tear-down included, while the other workers wait:
-    every other test holds a shared lock on the session's lock file, the exclusive one an exclusive lock.
-    Exclusive tests that follow one another on a worker keep the lock from one to the next (the
-    other workers wait for their running tests once, not before each)."""
-    path = os.environ.get("ROSE_TEST_CPU_LOCK")
-    if path is None or not hasattr(item.config, "workerinput"):
-        return (yield)
-    import fcntl
-    if _exclusive(item) and _held_exclusive:
-        gate, lock = _held_exclusive.pop()
-    else:
-        while _held_exclusive:
-            for f in _held_exclusive.pop():
-                f.close()
-        lock, gate = open(path, "a"), open(path + ".gate", "a")
-        _lock(gate, lock, fcntl.LOCK_EX if _exclusive(item) else fcntl.LOCK_SH)
-    try:
-        return (yield)
-    finally:
-        if _exclusive(item) and _exclusive(nextitem):
-            _held_exclusive.append((gate, lock))
-        else:
-            lock.close()                              # closing the files releases the lock
-            gate.close()
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with group_of() as the scope, in collection order."""
@@ -222,9 +169,6 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workeroutput"):                  # an xdist worker: the controller reports
         session.config.workeroutput["rose_leftovers"] = lines
         return
-    lock = os.environ.pop("ROSE_TEST_CPU_LOCK")                              # pytest_runtest_protocol
-    Path(lock).unlink(missing_ok=True)
-    Path(lock + ".gate").unlink(missing_ok=True)
     lines += getattr(session.config, "rose_worker_leftovers", [])
     if not lines:
         return
