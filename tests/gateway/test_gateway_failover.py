@@ -1,5 +1,5 @@
 """The gateway in front of two real Triton replicas: one stopped, the other serves; both stopped, 503
-with Retry-After (and /health 503); both back, it recovers. (`make serve`'s launcher starting and
+with Retry-After (and /health 503); one back, it recovers. (`make serve`'s launcher starting and
 stopping the gateway with the servers: tests/server/test_server.py.)"""
 from __future__ import annotations
 
@@ -71,10 +71,8 @@ def test_replicas_down_then_back():
                 break
             time.sleep(0.2)
         assert health.status_code == 200, health.text
-        a.start()
-        a.wait_ready()
         for i in range(4):
-            assert embed(gw, f"both back {i}").status_code == 200
+            assert embed(gw, f"one back {i}").status_code == 200
         metrics = httpx.get(gw.url + "/metrics").text
         assert 'rose_gateway_errors_total{endpoint="embeddings",status="503"}' in metrics
 
