@@ -43,7 +43,6 @@ import numpy as np
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
 from rose_backend.launch.tritonserver import TritonProcess
-from rose_backend.triton.model_settings import edit_model_config
 from rose_testing.folders import make_folder
 from rose_bench.host_path import text_input, triton_metric
 from rose_bench.perf import run_perf_analyzer
@@ -69,14 +68,6 @@ def parse_variant(text: str) -> tuple[str, dict, dict, dict]:
         else:
             params.setdefault(model, {})[param] = value
     return name.strip(), params, counts, env
-
-
-def set_instance_count(config: Path, count: int) -> None:
-    def change(message) -> None:
-        if len(message.instance_group) != 1:
-            raise ValueError(f"{config}: no single instance_group to change")
-        message.instance_group[0].count = count
-    edit_model_config(config, change=change)
 
 
 def client_latencies(export: Path) -> dict:
@@ -120,9 +111,7 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
     tag = f"{model}-{name}"
     stage_dir = work / f"stages-{tag}"
     shutil.rmtree(stage_dir, ignore_errors=True)
-    repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{tag}", params)
-    for m, n in counts.items():
-        set_instance_count(repo / m / "config.pbtxt", n)
+    repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{tag}", params, instances=counts)
     trace = work / f"trace-{tag}.json"
     for f in work.glob(trace.name + "*"):
         f.unlink()

@@ -92,14 +92,26 @@ def free_ports(host: str = "127.0.0.1") -> Ports:
     return ports
 
 
-def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]]) -> Path:
+def repository_copy(src: Path, dest: Path, params: dict[str, dict[str, str]],
+                    instances: dict[str, int] | None = None) -> Path:
     """A copy of a model repository at `dest` with config.pbtxt parameters replaced or added,
-    e.g. {"rose": {"max_batch_tokens": "512"}}."""
+    e.g. {"rose": {"max_batch_tokens": "512"}}, and instance counts changed, e.g. {"tokenize": 1}."""
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
     for model, values in params.items():
         set_parameters(dest / model / "config.pbtxt", values)
+    for model, count in (instances or {}).items():
+        set_instance_count(dest / model / "config.pbtxt", count)
     return dest
+
+
+def set_instance_count(cfg: Path, count: int) -> None:
+    """The instance count of a config.pbtxt with one instance_group."""
+    def change(message) -> None:
+        if len(message.instance_group) != 1:
+            raise ValueError(f"{cfg}: no single instance_group to change")
+        message.instance_group[0].count = count
+    edit_model_config(cfg, change=change)
 
 
 def set_parameters(cfg: Path, values: dict[str, str]) -> None:

@@ -15,7 +15,8 @@ conftest.py, joins them. A test about stopping calls `srv.stop()` itself.
 test can say where to look. Triton's control plane (statistics, model config, repository, trace,
 logging) needs each server's admin key: rose_client.auth.grpc_admin_headers(srv.admin_key) as gRPC
 headers, {"admin-key": srv.admin_key} over HTTP; `api_key` starts servers that require an API key.
-`params` rewrites config.pbtxt parameters of the served models in a private copy of the repository,
+Every server runs a private copy of the repository, with one instance of each tokenize model
+(TEST_INSTANCES); `params` rewrites config.pbtxt parameters of the served models in it,
 e.g. {"rose": {"max_batch_tokens": "256"}}.
 """
 from __future__ import annotations
@@ -38,6 +39,10 @@ LOG_DIR = Path(__file__).resolve().parents[1] / ".logs"
 # drain_timeout_s + 2 s of the launcher's default (docs/OPERATIONS.md); tests of draining pass
 # exit_timeout=None (the repository's).
 TEST_EXIT_TIMEOUT_S = 5
+# One instance of each tokenize model, not the repository's two: a server starts 0.5 s sooner,
+# stops 1-2 s sooner (Triton unloads a model's instances one after another, a second each) and
+# costs 0.65 CPU-s less; `make serve`'s tests on the shipped repository and the benchmarks run two.
+TEST_INSTANCES = {"tokenize": 1, "tokenize_batched": 1}
 _counter = itertools.count(1)
 WORKER = f"{os.environ['PYTEST_XDIST_WORKER']}-" if os.environ.get("PYTEST_XDIST_WORKER") else ""   # log names
 _stopping: list[threading.Thread] = []
@@ -63,9 +68,12 @@ def wait_stopped() -> None:
         _stopping.pop().join()
 
 
-def repository_with(params: dict[str, dict[str, str]], dest: Path) -> Path:
-    """A copy of the project's model repository under `dest` with some parameters changed."""
-    return repository_copy(DEFAULT_REPOSITORY, dest / "model_repository", params)
+def repository_with(params: dict[str, dict[str, str]] | None, dest: Path,
+                    instances: dict[str, int] | None = None) -> Path:
+    """A copy of the project's model repository under `dest` with some parameters changed (and
+    instance counts: TEST_INSTANCES unless given)."""
+    return repository_copy(DEFAULT_REPOSITORY, dest / "model_repository", params or {},
+                           TEST_INSTANCES if instances is None else instances)
 
 
 @contextlib.contextmanager
@@ -78,7 +86,7 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
     tmp = tempfile.mkdtemp(prefix="rose-repo-")            # removed once the servers have exited
     servers: list[TritonProcess] = []
     try:
-        repo = repository_with(params, Path(tmp)) if params else DEFAULT_REPOSITORY
+        repo = repository_with(params, Path(tmp))
         for _ in range(n):
             log = LOG_DIR / f"{name}-{WORKER}{next(_counter)}.log"
             log.unlink(missing_ok=True)
