@@ -5,7 +5,9 @@ live process's.
   EnvironmentManager, a fixed path whatever TMPDIR says) and removes it at a clean exit only: a
   server killed with SIGKILL leaves it. remove_python_envs_of_dead_servers() removes those made
   before every live tritonserver of this machine started; such a folder's server is gone. It runs
-  each time the launcher has reaped a tritonserver.
+  each time the launcher has reaped a tritonserver. (A tritonserver this process cannot see, in
+  another PID namespace that shares this /tmp, is not counted: such a layout should give each
+  container its own /tmp.)
 - owned_folder(prefix): a temporary folder whose owner holds a lock on a file in it for as long as
   it lives (the HTTP gateway's shared worker state). remove_unowned(prefix) removes those whose
   lock nobody holds: their owner is gone, however it ended. The kernel drops a lock with the
