@@ -115,9 +115,9 @@ def client(server):
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), the reranker modules another (one server per
 # reranker kind), and test_soak runs right after test_server on the same session server; the tests
-# of a SPLIT module are units of their own. The longest units go first, so that no worker is left with a long one at the end. Each worker has its
-# own session servers and checks its own leftovers; the controller fails the run if a worker found
-# any (pytest_testnodedown).
+# of a SPLIT module are units of their own. The longest units go first, so that no worker is left
+# with a long one at the end. Each worker has its own session servers and checks its own leftovers;
+# the controller fails the run if a worker found any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
           "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,

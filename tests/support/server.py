@@ -68,12 +68,10 @@ def wait_stopped() -> None:
         _stopping.pop().join()
 
 
-def repository_with(params: dict[str, dict[str, str]] | None, dest: Path,
-                    instances: dict[str, int] | None = None) -> Path:
-    """A copy of the project's model repository under `dest` with some parameters changed (and
-    instance counts: TEST_INSTANCES unless given)."""
-    return repository_copy(DEFAULT_REPOSITORY, dest / "model_repository", params or {},
-                           TEST_INSTANCES if instances is None else instances)
+def repository_with(params: dict[str, dict[str, str]] | None, dest: Path) -> Path:
+    """A copy of the project's model repository under `dest` with some parameters changed and the
+    instance counts of TEST_INSTANCES."""
+    return repository_copy(DEFAULT_REPOSITORY, dest / "model_repository", params or {}, TEST_INSTANCES)
 
 
 @contextlib.contextmanager
