@@ -14,7 +14,7 @@ import pytest
 from rose_client import EmbeddingClient
 from rose_testing.compare import cos_dist
 from rose_client.cli import main
-from support.metrics import metric
+from support.metrics import metric, wait_idle
 
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,8 +175,21 @@ def test_rose_embed_sends_its_work_in_the_bulk_lane(server, tmp_path):
 
     src = tmp_path / "in.txt"
     src.write_text("\n".join(texts(40, seed=5)) + "\n")
+    def settled():
+        """Both lanes' counts once they hold still for two turns of the once-a-second refresh (the
+        test before may have left abandoned blocks computing, and each series has its own turn)."""
+        wait_idle(server)
+        now, deadline = {k: lane_batches(k) for k in ("bulk", "interactive")}, time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, "the lane counters never held still"
+            time.sleep(2.0)
+            later = {k: lane_batches(k) for k in ("bulk", "interactive")}
+            if later == now:
+                return now
+            now = later
+
     for lane, args in (("bulk", []), ("interactive", ["--lane", "interactive"])):
-        before = {k: lane_batches(k) for k in ("bulk", "interactive")}
+        before = settled()
         assert main([str(src), str(tmp_path / f"{lane}.npy"), "--url", server.grpc_url, "--quiet", *args]) == 0
         deadline = time.monotonic() + 10            # metrics are polled by the server, not pushed
         while lane_batches(lane) == before[lane] and time.monotonic() < deadline:
