@@ -40,13 +40,17 @@ class GatewayWatch:
         self.gateway = None
         self.restarted: deque[float] = deque()
         self._port_checked = 0.0
+        self._family: set[int] = set()      # the gateway and the workers it had once it served
 
     def _where(self) -> str:
         g = self.gateway
         return f"port {g.port} (gateway) on {g.host}"
 
     def _foreign(self) -> bool:
-        _, foreign = listening_pids(self.gateway.port, family(self.gateway.proc.pid))
+        """Whether anyone but the gateway's processes listens on its port. The workers seen when it
+        came up still count as its own: a gateway killed a moment ago leaves them to init (they are
+        no longer its children) until they notice and exit, and that is a death to restart, not an intruder."""
+        _, foreign = listening_pids(self.gateway.port, sorted(self._family.union(family(self.gateway.proc.pid))))
         return foreign
 
     def wait_serving(self) -> None:
@@ -62,6 +66,7 @@ class GatewayWatch:
                 raise GatewayFailed(f"{self._where()} is already served by another process; stop it or "
                                     f"choose another GATEWAY_PORT")
             if ours and _answers(g.url):
+                self._family = set(family(g.proc.pid))
                 return
             time.sleep(0.1)
         raise GatewayFailed(f"the gateway did not serve on {self._where()} within {self.start_timeout:.0f} s")

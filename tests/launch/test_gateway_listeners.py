@@ -1,0 +1,66 @@
+"""GatewayWatch's look at who listens on the gateway port, with real processes: a gateway killed a
+moment ago leaves its worker processes listening (re-parented to init, no longer its children) until
+they notice and exit; the watch counts them as the gateway's own, so the launcher restarts the
+gateway instead of stopping the launch for "another process". A stranger's socket on the port
+still counts as foreign."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from rose_backend.launch.connections import children, family, listening_pids
+from rose_backend.launch.gateway_watch import GatewayWatch
+
+# a "gateway": binds the port with SO_REUSEPORT, forks a "worker" that keeps the listening socket
+GATEWAY = r"""
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+s.bind(("127.0.0.1", 0)); s.listen()
+if os.fork() == 0:
+    time.sleep(60); os._exit(0)
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_workers_of_a_just_killed_gateway_are_not_a_foreign_listener():
+    proc = subprocess.Popen([sys.executable, "-c", GATEWAY], stdout=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    try:
+        port = int(proc.stdout.readline())
+        deadline = time.monotonic() + 10
+        while len(listening_pids(port, family(proc.pid))[0]) < 2:
+            assert time.monotonic() < deadline, "the worker never listened"
+            time.sleep(0.05)
+        workers = children(proc.pid)
+        watch = GatewayWatch(make=lambda: None)
+        watch.gateway = SimpleNamespace(proc=proc, port=port, host="127.0.0.1")
+        watch._family = set(family(proc.pid))                      # what wait_serving records
+        assert not watch._foreign()
+        proc.send_signal(signal.SIGKILL)
+        while _parent(workers[0]) == proc.pid:                     # the worker is init's now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not watch._foreign(), "the dead gateway's own worker was taken for another process"
+        with socket.socket() as stranger:
+            stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            stranger.bind(("127.0.0.1", port))
+            stranger.listen()
+            assert watch._foreign()
+    finally:
+        for pid in (*workers, proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
