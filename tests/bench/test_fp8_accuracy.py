@@ -20,11 +20,15 @@ def test_the_corpus_is_ten_thousand_distinct_sentences_in_a_fixed_order():
 def test_a_run_reports_both_paths_against_float32(tmp_path):
     out = tmp_path / "fp8.json"
     rc = fp8_accuracy.main(["--minilm", "none", "--shapes", "tiny-qwen3", "--sentences", "60", "--device", "cpu",
+                            "--projections", "all", "--projections", "o_proj+down_proj",
                             "--workdir", str(tmp_path / "w"), "--out", str(out)])
     assert rc == 0                                          # no MiniLM row: nothing to gate
     d = json.loads(out.read_text())
     assert d["bench"] == "fp8-accuracy" and d["corpus"]["sentences"] == 60 and d["git"]
-    (row,) = d["models"]
+    row, some = d["models"]
+    assert (row["projections"], some["projections"]) == ("all", "o_proj+down_proj")
+    # half the projections on the FP8 path: less of e4m3's rounding than all of them, more than none
+    assert row["bf16_vs_fp32"]["mean"] < some["fp8_vs_fp32"]["mean"] < row["fp8_vs_fp32"]["mean"]
     assert row["sentences"] == 60 and row["tokens"] > 60
     for key in ("bf16_vs_fp32", "fp8_vs_fp32", "fp8_vs_bf16"):
         assert 0 <= row[key]["mean"] <= row[key]["p99"] <= row[key]["max"] < 0.05 and np.isfinite(row[key]["max"])
