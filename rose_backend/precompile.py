@@ -92,7 +92,7 @@ def parse_arch(value: str) -> tuple[int, int]:
 
 def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_seqs: int, table=None) -> set[str]:
     """The attention backends Engine.backend_for picks over every graph bucket (seqs x tokens) for
-    cfg's heads, where `runnable` flashinfer backends, torch varlen and (if installed) flash-attn run."""
+    cfg's heads, where `runnable` flashinfer backends, torch varlen and (if installed) FlashAttention 4 run."""
     import importlib.util
 
     import torch
@@ -105,8 +105,8 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
     cuda = list(runnable)
     if cfg.head_dim % 8 == 0 and cfg.head_dim <= 256:          # TorchVarlenBackend.unavailable_reason
         cuda.append("torch_varlen")
-    if importlib.util.find_spec("flash_attn") is not None:
-        cuda.append("flash_attn")
+    if importlib.util.find_spec("flash_attn") is not None and importlib.util.find_spec("flash_attn.cute") is not None:
+        cuda.append("flash_attn4")
     excluded = switches.attention_excluded()
     available = [n for n in BACKENDS if n in cuda and n not in excluded]
     if not available:

@@ -21,8 +21,8 @@ TABLE_PATH = Path(__file__).with_name("attention_table.json")
 # With no measured cell: flashinfer's Hopper kernels first (fastest whole forward at 1 x 128, 1 x 512,
 # 1 x 4096 and 100 x 512 for both the BGE-M3 and the pplx-embed heads on the H200, and correct in
 # graphs there: benchmarks/RESULTS-engine.md), then torch varlen, flashinfer fa2,
-# flash-attn; fa3 needs sm_90, so elsewhere torch varlen leads.
-PREFERENCE = ("flashinfer_fa3", "torch_varlen", "flashinfer", "flash_attn", "sdpa_loop")
+# FlashAttention 4; fa3 needs sm_90, so elsewhere torch varlen leads.
+PREFERENCE = ("flashinfer_fa3", "torch_varlen", "flashinfer", "flash_attn4", "sdpa_loop")
 
 
 class BackendTable:

@@ -11,7 +11,7 @@ sequence i owning rows cu_seqlens[i]:cu_seqlens[i+1]; no padding and no mask. Em
 Backends (the registry names; GPU ones are imported only when first made):
     sdpa_loop        any device, one SDPA call per sequence on the host; the CPU path and reference
     torch_varlen     torch.nn.attention.varlen.varlen_attn (FlashAttention-2 inside torch), CUDA
-    flash_attn       flash_attn.flash_attn_varlen_func, when the flash-attn package is installed
+    flash_attn4      FlashAttention 4 (flash_attn.cute.flash_attn_varlen_func), when flash-attn-4 is installed
     flashinfer       flashinfer BatchPrefillWithRaggedKVCacheWrapper, fa2 kernels, CUDA-graph mode
     flashinfer_fa3   the same wrapper with the Hopper fa3 kernels
 Graph limits: a backend with `supports_cuda_graphs` may be captured once `plan` has run for a
@@ -128,7 +128,7 @@ class SdpaLoopBackend(AttentionBackend):
 BACKENDS: dict[str, type[AttentionBackend] | str] = {
     SdpaLoopBackend.name: SdpaLoopBackend,
     "torch_varlen": "rose_backend.layers.attention_gpu:TorchVarlenBackend",
-    "flash_attn": "rose_backend.layers.attention_gpu:FlashAttnVarlenBackend",
+    "flash_attn4": "rose_backend.layers.attention_gpu:FlashAttn4Backend",
     "flashinfer": "rose_backend.layers.attention_gpu:FlashInferBackend",
     "flashinfer_fa3": "rose_backend.layers.attention_gpu:FlashInferFa3Backend",
 }

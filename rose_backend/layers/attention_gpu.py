@@ -20,9 +20,11 @@ def _cuda_reason(cls, shape: AttentionShape, device: torch.device, module: str, 
         return f"{cls.name} needs a CUDA device"
     if shape.dtype not in _HALF:
         return f"{cls.name} needs bf16 or fp16, got {shape.dtype}"
-    if importlib.util.find_spec(module) is None:
-        return missing
-    return None
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:            # a submodule whose parent package is missing
+        found = False
+    return None if found else missing
 
 
 class TorchVarlenBackend(AttentionBackend):
@@ -71,27 +73,39 @@ class TorchVarlenBackend(AttentionBackend):
         return self._fn(q, k, v, m.cu_seqlens, m.cu_seqlens, m.max_seqlen, m.max_seqlen, **self._kw)
 
 
-class FlashAttnVarlenBackend(AttentionBackend):
-    """flash_attn.flash_attn_varlen_func (the flash-attn package), when it is installed."""
-    name = "flash_attn"
+class FlashAttn4Backend(AttentionBackend):
+    """FlashAttention 4 (the flash-attn-4 package): flash_attn.cute.flash_attn_varlen_func, kernels
+    written in CUTLASS's CuTe DSL and compiled on first use of each head configuration (a JIT cache
+    in the process). Ragged cu_seqlens, causal or not, GQA without repeating k/v; sm_80 and newer
+    (Hopper has its own sm_90 kernel). Graph note as torch varlen: max_seqlen is baked into a capture.
+    """
+    name = "flash_attn4"
     supports_cuda_graphs = True
     graph_max_seqlen = True
     device_types = ("cuda",)
 
     @classmethod
     def unavailable_reason(cls, shape, device):
-        return _cuda_reason(cls, shape, device, "flash_attn",
-                            "the flash-attn package is not installed (pip install flash-attn)")
+        why = _cuda_reason(cls, shape, device, "flash_attn.cute",
+                           "FlashAttention 4 is not installed (pip install flash-attn-4)")
+        if why:
+            return why
+        if torch.cuda.get_device_capability(device)[0] < 8:
+            return "FlashAttention 4 needs compute capability 8.0 or newer"
+        if shape.head_dim % 8 or not 8 <= shape.head_dim <= 256:
+            return f"FlashAttention 4 needs head_dim a multiple of 8 from 8 to 256, got {shape.head_dim}"
+        return None
 
     def __init__(self, shape, device):
         super().__init__(shape, device)
-        from flash_attn import flash_attn_varlen_func
+        from flash_attn.cute import flash_attn_varlen_func
         self._fn = flash_attn_varlen_func
 
     def run(self, q, k, v):
         m = self.meta
-        return self._fn(q, k, v, m.cu_seqlens, m.cu_seqlens, m.max_seqlen, m.max_seqlen,
-                        softmax_scale=self.scale, causal=self.shape.causal)
+        out, _ = self._fn(q, k, v, cu_seqlens_q=m.cu_seqlens, cu_seqlens_k=m.cu_seqlens, max_seqlen_q=m.max_seqlen,
+                          max_seqlen_k=m.max_seqlen, softmax_scale=self.scale, causal=self.shape.causal)
+        return out
 
 
 class FlashInferBackend(AttentionBackend):

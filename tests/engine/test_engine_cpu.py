@@ -86,7 +86,7 @@ def test_sdpa_loop_skips_empty_sequences():
 def test_gpu_backends_say_why_not_on_cpu():
     shape = AttentionShape(16, 16, 64, torch.bfloat16)
     assert available_backends(shape, "cpu") == ["sdpa_loop"]
-    for name in ("torch_varlen", "flashinfer", "flashinfer_fa3", "flash_attn"):
+    for name in ("torch_varlen", "flashinfer", "flashinfer_fa3", "flash_attn4"):
         assert unavailable_reason(name, shape, "cpu")
     with pytest.raises(ValueError, match="cannot run here"):
         make_backend("flashinfer", shape, "cpu")
