@@ -7,6 +7,12 @@ graph mode, 10 layer-calls are captured in one CUDA graph, and the replay is tim
 (median of 5). Margin = second-best time / best time.
 
     python -m rose_bench attention-sweep [--out OUT.json]      # kept as benchmarks/results/attention-sweep/<shapes>-<gpu>.json
+    python -m rose_bench attention-sweep --add-from RUN.json   # no GPU: RUN's backends into the table
+
+--add-from copies the backends of another run's cells that the table's cells lack (a backend measured
+on a host without the others, e.g. FlashAttention 4 where flashinfer was not installed) and shapes the
+table lacks, then recomputes each cell's best and margin. The backends both hold (torch varlen) are
+the check that the two runs agree: their median ratio per shape is printed and noted in the table.
 """
 from __future__ import annotations
 
@@ -66,12 +72,50 @@ def time_backend(be, shape, cu_np, t, reps=10):
     return us
 
 
+def add_from(table: dict, run: dict) -> dict[str, float]:
+    """Merge `run`'s backends into `table` (both attention-sweep JSON); returns, per shape the two
+    share, the median ratio run / table of the backends both measured in the same cells."""
+    ratios: dict[str, float] = {}
+    for key, cells in run["shapes"].items():
+        if key not in table["shapes"]:
+            table["shapes"][key] = cells
+            table["names"][key] = run["names"].get(key, key)
+            continue
+        mine = {(c["seqs"], c["tokens"]): c for c in table["shapes"][key]}
+        both = []
+        for c in cells:
+            into = mine.get((c["seqs"], c["tokens"]))
+            if into is None:
+                continue
+            for name, us in c["us"].items():
+                if name in into["us"]:
+                    both.append(us / into["us"][name])
+                else:
+                    into["us"][name] = us
+            order = sorted(into["us"], key=into["us"].get)
+            into["best"] = order[0]
+            into["margin"] = round(into["us"][order[1]] / into["us"][order[0]], 3) if len(order) > 1 else None
+        if both:
+            ratios[key] = round(float(np.median(both)), 3)
+    return ratios
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/attention_sweep.json")
     ap.add_argument("--table", default=str(TABLE_PATH))
     ap.add_argument("--shapes", default="", help="comma list of SHAPES names (default: all)")
+    ap.add_argument("--add-from", default=None, metavar="RUN.json", help="merge that run's backends into --table "
+                    "and stop (no GPU)")
     args = ap.parse_args(argv)
+    if args.add_from:
+        table, run = json.loads(Path(args.table).read_text()), json.loads(Path(args.add_from).read_text())
+        ratios = add_from(table, run)
+        table.setdefault("added", []).append({"from": args.add_from, "date": run.get("date"), "commit": run.get("commit"),
+                                              "median_ratio_of_shared_backends": ratios})
+        Path(args.table).write_text(json.dumps(table, indent=1))
+        print("shared backends, median ratio", args.add_from, "/ table:", ratios)
+        return 0
     rng = np.random.default_rng(0)
     table = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "torch": torch.__version__,
              "date": time.strftime("%Y-%m-%d"), "shapes": {}, "names": {}, "errors": {}}
