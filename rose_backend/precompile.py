@@ -93,19 +93,18 @@ def parse_arch(value: str) -> tuple[int, int]:
 def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_seqs: int, table=None) -> set[str]:
     """The attention backends Engine.backend_for picks over every graph bucket (seqs x tokens) for
     cfg's heads, where `runnable` flashinfer backends, torch varlen and (if installed) FlashAttention 4 run."""
-    import importlib.util
-
     import torch
 
     from rose_backend.engine.backend_table import BackendTable
     from rose_backend.engine.graph_cache import seq_buckets, token_buckets
     from rose_backend.layers import switches
     from rose_backend.layers.attention import BACKENDS, AttentionShape, backend_class
+    from rose_backend.layers.attention_gpu import installed
     shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, getattr(torch, dtype), cfg.causal)
     cuda = list(runnable)
     if cfg.head_dim % 8 == 0 and cfg.head_dim <= 256:          # TorchVarlenBackend.unavailable_reason
         cuda.append("torch_varlen")
-    if importlib.util.find_spec("flash_attn") is not None and importlib.util.find_spec("flash_attn.cute") is not None:
+    if installed("flash_attn.cute"):
         cuda.append("flash_attn4")
     excluded = switches.attention_excluded()
     available = [n for n in BACKENDS if n in cuda and n not in excluded]

@@ -72,6 +72,12 @@ def time_backend(be, shape, cu_np, t, reps=10):
     return us
 
 
+def best_and_margin(us: dict[str, float]) -> tuple[str, float | None]:
+    """The fastest backend of a cell and its margin (second-best time / best time; None alone)."""
+    order = sorted(us, key=us.get)
+    return order[0], (round(us[order[1]] / us[order[0]], 3) if len(order) > 1 else None)
+
+
 def add_from(table: dict, run: dict) -> dict[str, float]:
     """Merge `run`'s backends into `table` (both attention-sweep JSON); returns, per shape the two
     share, the median ratio run / table of the backends both measured in the same cells."""
@@ -92,9 +98,7 @@ def add_from(table: dict, run: dict) -> dict[str, float]:
                     both.append(us / into["us"][name])
                 else:
                     into["us"][name] = us
-            order = sorted(into["us"], key=into["us"].get)
-            into["best"] = order[0]
-            into["margin"] = round(into["us"][order[1]] / into["us"][order[0]], 3) if len(order) > 1 else None
+            into["best"], into["margin"] = best_and_margin(into["us"])
         if both:
             ratios[key] = round(float(np.median(both)), 3)
     return ratios
@@ -148,11 +152,10 @@ def main(argv=None) -> int:
                         table["errors"][f"{shape.key}/{n}/{s}x{t}"] = f"{type(e).__name__}: {str(e)[:200]}"
                 if not us:
                     continue
-                order = sorted(us, key=us.get)
-                margin = round(us[order[1]] / us[order[0]], 3) if len(order) > 1 else None
-                cells.append({"seqs": s, "tokens": t, "us": us, "best": order[0], "margin": margin})
+                best, margin = best_and_margin(us)
+                cells.append({"seqs": s, "tokens": t, "us": us, "best": best, "margin": margin})
                 print(f"{shape.key:12s} {s:4d} x {t:6d}: " + "  ".join(f"{n} {u:9.1f}" for n, u in us.items())
-                      + f"   -> {order[0]} x{margin}", flush=True)
+                      + f"   -> {best} x{margin}", flush=True)
         table["shapes"][shape.key] = cells
         for p in (args.out, args.table):         # after every shape: a cut-off run still leaves a table
             Path(p).parent.mkdir(parents=True, exist_ok=True)

@@ -153,7 +153,8 @@ def engine_embed(folder: Path, seqs: list[list[int]], device: str, fp8: bool, ma
     eng = Engine(cfg, device, dtype=dtype, attention=attention, max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=512,
                  fp8_min_tokens=1 if fp8 and not some else None)
     if some:                                              # before the first batch: no graph holds the bf16 path yet
-        assert quantize_linears(eng.model, 1, projections) > 0, projections
+        if not quantize_linears(eng.model, 1, projections):
+            raise ValueError(f"--projections {'+'.join(projections)}: no projection of {cfg.model_type} has that name")
     rows, batch, tokens = [], [], 0
     for s in seqs:
         if batch and (tokens + len(s) > max_batch_tokens or len(batch) == 512):
@@ -225,7 +226,7 @@ def table(rows: list[dict]) -> str:
              "| top-10 fp8 vs bf16 | top-10 bf16 vs fp32 | gate |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b, f = r["bf16_vs_fp32"], r["fp8_vs_fp32"]
-        lines.append(f"| {r['model']} | {r.get('projections', 'all')} | {r['sentences']:,} ({r['tokens']:,}) | {b['mean']:.1e} / {b['max']:.1e} "
+        lines.append(f"| {r['model']} | {r['projections']} | {r['sentences']:,} ({r['tokens']:,}) | {b['mean']:.1e} / {b['max']:.1e} "
                      f"| {f['mean']:.1e} / {f['p99']:.1e} / {f['max']:.1e} | {r['top10_fp8_vs_bf16']:.4f} "
                      f"| {r['top10_bf16_vs_fp32']:.4f} | {'pass' if r['gate_passed'] else 'MISS'} |")
     return "\n".join(lines)

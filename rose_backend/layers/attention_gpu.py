@@ -14,17 +14,21 @@ from rose_backend.layers.attention import AttentionBackend, AttentionMetadata, A
 _HALF = (torch.bfloat16, torch.float16)
 
 
+def installed(module: str) -> bool:
+    """Whether `module` can be imported here (False also for a submodule of a missing package)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _cuda_reason(cls, shape: AttentionShape, device: torch.device, module: str, missing: str) -> str | None:
     """Why `cls` cannot run here: no CUDA device, not bf16/fp16, or `module` not importable."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return f"{cls.name} needs a CUDA device"
     if shape.dtype not in _HALF:
         return f"{cls.name} needs bf16 or fp16, got {shape.dtype}"
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:            # a submodule whose parent package is missing
-        found = False
-    return None if found else missing
+    return None if installed(module) else missing
 
 
 class TorchVarlenBackend(AttentionBackend):
