@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,16 +79,27 @@ def family(pid: int) -> list[int]:
     return [pid, *children(pid)]
 
 
-def listening_pids(port: int, among: list[int]) -> tuple[set[int], bool]:
-    """(the pids of `among` that listen on `port`, whether a socket of anyone else listens there too)."""
-    listening = {s.inode for s in tcp_sockets(port) if s.state == LISTEN}
+def _listening(port: int) -> set[int]:
+    return {s.inode for s in tcp_sockets(port) if s.state == LISTEN}
+
+
+def listening_pids(port: int, among: list[int], settle_s: float = 0.05) -> tuple[set[int], bool]:
+    """(the pids of `among` that listen on `port`, whether a socket of anyone else listens there too).
+    A process of `among` that is exiting has no descriptors left to read while its socket may still be
+    in the table for a moment: a socket found in no one's descriptors counts as someone else's only
+    if it still listens `settle_s` later."""
+    listening = _listening(port)
     ours, seen = set(), set()
     for pid in among:
         mine = listening & socket_fds(pid).keys()
         if mine:
             ours.add(pid)
             seen |= mine
-    return ours, bool(listening - seen)
+    unowned = listening - seen
+    if unowned:
+        time.sleep(settle_s)
+        unowned &= _listening(port)
+    return ours, bool(unowned)
 
 
 def close_sockets(pid: int, port: int, listening: bool) -> int:

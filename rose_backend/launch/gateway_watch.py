@@ -49,9 +49,11 @@ class GatewayWatch:
     def _foreign(self) -> bool:
         """Whether anyone but the gateway's processes listens on its port. The workers seen when it
         came up still count as its own: a gateway killed a moment ago leaves them to init (they are
-        no longer its children) until they notice and exit, and that is a death to restart, not an intruder."""
-        _, foreign = listening_pids(self.gateway.port, sorted(self._family.union(family(self.gateway.proc.pid))))
-        return foreign
+        no longer its children) until they have exited, and that is a death to restart, not an intruder. So
+        is a gateway that died while its listeners were read."""
+        self._family.update(family(self.gateway.proc.pid))
+        _, foreign = listening_pids(self.gateway.port, sorted(self._family))
+        return foreign and self.gateway.proc.poll() is None    # one that died meanwhile is restarted
 
     def wait_serving(self) -> None:
         g = self.gateway
