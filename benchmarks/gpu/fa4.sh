@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # FlashAttention 4 (the flash-attn-4 package, CuTe DSL kernels) on a CUDA host, measured like the other
 # attention backends:
-#   bash benchmarks/gpu/fa4.sh [install,test,sweep,engine]
+#   bash benchmarks/gpu/fa4.sh [install,test,suite,sweep,engine]
 # install  the wheels in $FA4_WHEELS (default .whl-fa4) into /tmp/fa4-site, where pip cannot reach a
 #          registry (elsewhere: pip install flash-attn-4 nvidia-cutlass-dsl[cu13]). A wheel too large for one
 #          transfer may come as NAME.whl.part-* pieces, here or in /tmp/fa4-parts (joined in name order).
 # test     tests/gpu/test_engine_gpu.py (every backend against float32, eager and graph-planned, then the
 #          BGE-M3-shaped engine with FA4 forced: the other CUDA backends excluded) and
 #          tests/gpu/test_qwen3_gpu.py (each backend through eager, capture and replay)
+# suite    the whole GPU suite (gpu_suite.sh: precompile, then tests/gpu, servers included) with FA4
+#          forced: the other CUDA backends excluded everywhere, the servers' engines too. Needs the GPU
+#          kit (or Triton and flashinfer installed) beside the FA4 wheels.
 # sweep    rose_bench attention-sweep: FA4 beside the backends present, every cell captured in a CUDA
 #          graph; the table goes to $OUT/fa4/, not over rose_backend/engine/attention_table.json
 # engine   rose_bench engine per shape (bge-m3, pplx-embed), flash_attn4 then torch_varlen: graph times
@@ -56,6 +59,11 @@ if step test; then
   timeout 300 env ROSE_GPU_PRECOMPILE=0 ROSE_ATTENTION_EXCLUDE=$OTHERS ROSE_GPU_BATCHES=${ROSE_GPU_BATCHES:-300} \
     python3 -m pytest -q -p no:cacheprovider -rA tests/gpu/test_engine_gpu.py::test_bge_m3_shape_random > "$R/test-forced.log" 2>&1
   echo "== BGE-M3 engine with FA4 forced rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|Error|1 - cos|worst" "$R/test-forced.log" | tail -n 6
+fi
+if step suite; then
+  t0=$(date +%s)
+  ROSE_ATTENTION_EXCLUDE=$OTHERS OUT=$R bash benchmarks/gpu/gpu_suite.sh > "$R/suite-forced.log" 2>&1
+  echo "== GPU suite with FA4 forced rc=$? in $(( $(date +%s) - t0 )) s"; tail -n 30 "$R/suite-forced.log"
 fi
 if step sweep; then
   t0=$(date +%s)
