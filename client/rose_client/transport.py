@@ -40,7 +40,8 @@ class ServerError(RuntimeError):
     `retryable` is True when the server said it is overloaded / unavailable ("... retry later"):
     the same request may succeed later or elsewhere. Bad input is not retryable.
     `server_leaving` is True when the server is shutting down (Triton answers "... has no available
-    versions" once SIGTERM has unloaded the model): the request belongs on another replica, and the
+    versions" once SIGTERM has unloaded the model, or "Server is stopping" from an ensemble's
+    scheduler before that): the request belongs on another replica, and the
     stream should be closed, since tritonserver does not exit while a client holds one open.
     """
 
@@ -52,7 +53,11 @@ class ServerError(RuntimeError):
 
 
 _RETRYABLE_MARKERS = ("overloaded", "retry later", "unavailable", "exceeds the queue", "resource exhausted")
-_LEAVING_MARKERS = ("has no available versions", "shutting down")
+# Triton while it stops: the model unloaded ("has no available versions"), or an ensemble whose
+# scheduler stopped taking requests ("Server is stopping, scheduler for model has stopped accepting
+# new inference requests")
+_LEAVING_MARKERS = ("has no available versions", "shutting down", "server is stopping",
+                    "stopped accepting new inference requests")
 
 
 class AccessDenied(ServerError):
