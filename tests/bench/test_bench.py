@@ -64,38 +64,33 @@ def test_perf_analyzer_input_data(tmp_path):
         assert d["SEQ_LENS"] == {"content": [40], "shape": [1]}
 
 
-def run_tiny_e2e(tmp_path, system: str) -> Path:
-    """`rose_bench e2e --tiny` of one system (a tritonserver each: the two systems run as two tests,
-    side by side), its checks passed; the folder of its JSON and charts."""
+@pytest.mark.server
+def test_bench_tiny_end_to_end(tmp_path):
+    """`rose_bench e2e --tiny` of both systems, one tritonserver each in turn: every workload's cells
+    measured, the gate passed, the charts drawn, and the README section rendered from the JSON."""
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
-    p = subprocess.run([sys.executable, "-m", "rose_bench", "e2e", "--model", "tiny-bert", "--tiny", "--systems", system,
+    p = subprocess.run([sys.executable, "-m", "rose_bench", "e2e", "--model", "tiny-bert", "--tiny", "--systems", "rose,naive",
                         "--no-perf-analyzer", "--out", str(out), "--workdir", str(work), "--git-commit", "test"],
-                       capture_output=True, text=True, env=env, timeout=240)
+                       capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads((out / "bench_tiny-bert.json").read_text())
     assert r["schema"] == "rose-bench/1" and r["mode"] == "tiny" and r["model"] == "tiny-bert"
     assert r["git"]["commit"] == "test" and r["date"] and "command" in r and "host" in r
-    assert list(r["systems"]) == [system]
-    s = r["systems"][system]
-    assert "error" not in s
-    assert s["gate"]["passed"] and s["gate"]["max_cos_dist"] <= 1e-3
-    assert s["startup"]["ready_s"] > 0 and s["startup"]["first_response_s"] >= s["startup"]["ready_s"]
-    w = s["workloads"]
-    for workload, key in (("online", "p50_ms"), ("scoring", "p50_ms"), ("throughput", "emb_per_s"),
-                          ("concurrency", "p99_ms")):
-        assert w[workload], workload
-        for x, cell in w[workload].items():
-            assert cell.get(key, 0) > 0, (system, workload, x, cell)
+    assert list(r["systems"]) == ["rose", "naive"]
+    for system, s in r["systems"].items():
+        assert "error" not in s
+        assert s["gate"]["passed"] and s["gate"]["max_cos_dist"] <= 1e-3
+        assert s["startup"]["ready_s"] > 0 and s["startup"]["first_response_s"] >= s["startup"]["ready_s"]
+        w = s["workloads"]
+        for workload, key in (("online", "p50_ms"), ("scoring", "p50_ms"), ("throughput", "emb_per_s"),
+                              ("concurrency", "p99_ms")):
+            assert w[workload], workload
+            for x, cell in w[workload].items():
+                assert cell.get(key, 0) > 0, (system, workload, x, cell)
     assert sorted(r["charts"]) == sorted(f"bench_tiny-bert_{w}.png" for w in
                                          ("online", "scoring", "throughput", "concurrency"))
     assert all((out / c).stat().st_size > 1000 for c in r["charts"])
-    return out
-
-
-@pytest.mark.server
-def test_bench_tiny_end_to_end_rose(tmp_path):
-    out = run_tiny_e2e(tmp_path, "rose")
     # the README section renders from that JSON, between the markers only
     from rose_bench import render_readme as render
     readme = tmp_path / "README.md"
@@ -104,11 +99,6 @@ def test_bench_tiny_end_to_end_rose(tmp_path):
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{render.END}\nafter\n") and "old" not in text
     assert "| online, 1 x 16 |" in text and "bench_tiny-bert_online.png" in text
-
-
-@pytest.mark.server
-def test_bench_tiny_end_to_end_naive(tmp_path):
-    run_tiny_e2e(tmp_path, "naive")
 
 
 @pytest.mark.server
