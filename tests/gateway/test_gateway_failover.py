@@ -29,12 +29,12 @@ def wait_for_200(gw, timeout=60.0) -> float:
     raise AssertionError(f"the gateway did not recover within {timeout:.0f} s")
 
 
-def stop_under_traffic(srv, gw, expect: int) -> float:
+def stop_under_traffic(srv, gw, expect: set[int]) -> float:
     srv.proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
     while srv.proc.poll() is None and time.monotonic() - t0 < 45:
         r = embed(gw)
-        assert r.status_code == expect, r.text
+        assert r.status_code in expect, r.text
     srv.stop()
     return time.monotonic() - t0
 
@@ -45,11 +45,12 @@ def test_replicas_down_then_back():
         assert embed(gw).status_code == 200
         # one replica stopping (SIGTERM) under traffic: the other answers every request, and the
         # stopping one is let go (its stream closed), so it exits before its 30 s exit timeout
-        leaving_s = stop_under_traffic(a, gw, expect=200)
+        leaving_s = stop_under_traffic(a, gw, expect={200})
         assert leaving_s < 25, f"replica a took {leaving_s:.1f} s to exit"
         for i in range(4):
             assert embed(gw, f"one down {i}").status_code == 200
-        print(f"a left in {leaving_s:.1f} s; b in {stop_under_traffic(b, gw, expect=503):.1f} s")   # all down: 503
+        # the last replica stopping: what it still takes while it drains is answered, the rest is 503
+        print(f"a left in {leaving_s:.1f} s; b in {stop_under_traffic(b, gw, expect={200, 503}):.1f} s")
         for _ in range(3):
             t0 = time.monotonic()
             r = embed(gw)
