@@ -40,20 +40,17 @@ class GatewayWatch:
         self.gateway = None
         self.restarted: deque[float] = deque()
         self._port_checked = 0.0
-        self._family: set[int] = set()      # the gateway and the workers it had once it served
 
     def _where(self) -> str:
         g = self.gateway
         return f"port {g.port} (gateway) on {g.host}"
 
     def _foreign(self) -> bool:
-        """Whether anyone but the gateway's processes listens on its port. The workers seen when it
-        came up still count as its own: a gateway killed a moment ago leaves them to init (they are
-        no longer its children) until they have exited, and that is a death to restart, not an intruder. So
-        is a gateway that died while its listeners were read."""
-        self._family.update(family(self.gateway.proc.pid))
-        _, foreign = listening_pids(self.gateway.port, sorted(self._family))
-        return foreign and self.gateway.proc.poll() is None    # one that died meanwhile is restarted
+        """Whether anyone but the gateway's processes listens on its port. A gateway that died while
+        its listeners were read is a death to restart, not an intruder: its workers pass to init (no
+        longer its children) and may still listen until they have exited."""
+        _, foreign = listening_pids(self.gateway.port, family(self.gateway.proc.pid))
+        return foreign and self.gateway.proc.poll() is None
 
     def wait_serving(self) -> None:
         g = self.gateway
@@ -68,7 +65,6 @@ class GatewayWatch:
                 raise GatewayFailed(f"{self._where()} is already served by another process; stop it or "
                                     f"choose another GATEWAY_PORT")
             if ours and _answers(g.url):
-                self._family = set(family(g.proc.pid))
                 return
             time.sleep(0.1)
         raise GatewayFailed(f"the gateway did not serve on {self._where()} within {self.start_timeout:.0f} s")

@@ -53,8 +53,11 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def test_workers_of_a_just_killed_gateway_are_not_a_foreign_listener():
-    proc = subprocess.Popen([sys.executable, "-c", GATEWAY], stdout=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def fake_gateway(script: str):
+    """(process, port, its workers) of a "gateway" script once both of its processes listen; every
+    one of them killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     workers: list[int] = []
     try:
         port = int(proc.stdout.readline())
@@ -63,20 +66,7 @@ def test_workers_of_a_just_killed_gateway_are_not_a_foreign_listener():
             assert time.monotonic() < deadline, "the worker never listened"
             time.sleep(0.05)
         workers = children(proc.pid)
-        watch = GatewayWatch(make=lambda: None)
-        watch.gateway = SimpleNamespace(proc=proc, port=port, host="127.0.0.1")
-        watch._family = set(family(proc.pid))                      # what wait_serving records
-        assert not watch._foreign()
-        with socket.socket() as stranger:
-            stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            stranger.bind(("127.0.0.1", port))
-            stranger.listen()
-            assert watch._foreign()
-        proc.send_signal(signal.SIGKILL)
-        while _parent(workers[0]) == proc.pid:                     # the worker is init's now
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert not watch._foreign(), "the dead gateway's own worker was taken for another process"
+        yield proc, port, workers
     finally:
         for pid in (*workers, proc.pid):
             with contextlib.suppress(ProcessLookupError):
@@ -84,18 +74,28 @@ def test_workers_of_a_just_killed_gateway_are_not_a_foreign_listener():
         proc.wait(10)
 
 
+def test_workers_of_a_just_killed_gateway_are_not_a_foreign_listener():
+    with fake_gateway(GATEWAY) as (proc, port, workers):
+        watch = GatewayWatch(make=lambda: None)
+        watch.gateway = SimpleNamespace(proc=proc, port=port, host="127.0.0.1")
+        assert not watch._foreign()
+        with socket.socket() as stranger:
+            stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            stranger.bind(("127.0.0.1", port))
+            stranger.listen()
+            assert watch._foreign()
+        proc.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _parent(workers[0]) == proc.pid:                     # the worker is init's now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not watch._foreign(), "the dead gateway's own worker was taken for another process"
+
+
 def test_a_listener_that_exits_while_its_descriptors_are_read_is_not_foreign(monkeypatch):
     """The interleaving a loaded host produces: the port's table is read, then the worker dies before
     its descriptors are read. Forced here by killing it inside the descriptor read."""
-    proc = subprocess.Popen([sys.executable, "-c", GATEWAY_OWN_SOCKETS], stdout=subprocess.PIPE, text=True)
-    workers: list[int] = []
-    try:
-        port = int(proc.stdout.readline())
-        deadline = time.monotonic() + 10
-        while len(listening_pids(port, family(proc.pid))[0]) < 2:
-            assert time.monotonic() < deadline, "the worker never listened"
-            time.sleep(0.05)
-        workers = children(proc.pid)
+    with fake_gateway(GATEWAY_OWN_SOCKETS) as (proc, port, workers):
         real = connections.socket_fds
 
         def dies_while_read(pid):
@@ -108,8 +108,3 @@ def test_a_listener_that_exits_while_its_descriptors_are_read_is_not_foreign(mon
         monkeypatch.setattr(connections, "socket_fds", dies_while_read)
         ours, foreign = listening_pids(port, [proc.pid, *workers])
         assert ours == {proc.pid} and not foreign
-    finally:
-        for pid in (*workers, proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(10)
