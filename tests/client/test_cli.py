@@ -58,7 +58,7 @@ def test_jsonl_to_parquet_and_parquet_to_npy(server, tmp_path, capsys):
 
 
 def test_txt_to_npy_killed_midway_then_resumed(server, tmp_path):
-    n, block = 600, 20                                  # 30 blocks: killed after 4 of them
+    n, block = 300, 10                                  # 30 blocks: killed after 4 of them
     data = texts(n)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(data) + "\n")

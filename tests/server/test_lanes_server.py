@@ -34,6 +34,7 @@ def test_a_query_overtakes_bulk_queued_before_it(server, lane, n, overtakes):
     finished: dict[str, float] = {}
     try:
         big_inputs, q_inputs = ids_request(n, n, 128), ids_request(1, 1, 16)
+        sent = time.monotonic()
         big = big_conn.infer("rose", big_inputs, parameters={"lane": lane} if lane else None)
         big.add_done_callback(lambda f: finished.setdefault("big", time.monotonic()))
         time.sleep(0.1)                                      # the big request is admitted first
@@ -42,8 +43,10 @@ def test_a_query_overtakes_bulk_queued_before_it(server, lane, n, overtakes):
         big_emb, q_emb = big.result(300)["EMBEDDINGS"], q.result(300)["EMBEDDINGS"]
         if overtakes:      # answered batches before the big request (it takes 8 or more batches of 512)
             assert finished["query"] < finished["big"] - 0.1, finished
-        else:              # behind the big request: in its last batch at the earliest
-            assert finished["query"] > finished["big"] - 0.05, finished
+        else:              # behind the big request (in its last batch at the earliest): answered in the
+            # last quarter of the big request's time, whatever the host's speed (the big answer's
+            # assembly may still finish after the query's)
+            assert finished["query"] > sent + 0.75 * (finished["big"] - sent), (sent, finished)
         # nothing lost or reordered: the same rows as the requests sent alone, without a lane
         np.testing.assert_allclose(big_emb, big_conn.infer("rose", big_inputs).result(300)["EMBEDDINGS"], atol=1e-5)
         np.testing.assert_allclose(q_emb, q_conn.infer("rose", q_inputs).result(60)["EMBEDDINGS"], atol=1e-5)
