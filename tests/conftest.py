@@ -127,8 +127,9 @@ def client(server):
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
           "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
-# so that their minutes are spread over the workers.
-SPLIT = {"test_bench", "test_fp8_accuracy", "test_supervision", "test_stop_bound"}
+# so that their minutes are spread over the workers. (test_fp8_accuracy is one unit: its tests share
+# the corpus, parsed once per process.)
+SPLIT = {"test_bench", "test_supervision", "test_stop_bound"}
 LONGEST_FIRST = ("test_server", "test_bench", "test_fp8_accuracy", "replicas", "test_supervision", "test_gateway_limits",
                  "test_security", "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
