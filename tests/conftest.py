@@ -12,15 +12,11 @@ for p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks", ROOT / 
         sys.path.insert(0, str(p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One torch thread in every server, stub and tool the tests start: on the 2-core machine a second
-# thread bought little time and cost CPU that the other workers' tests wait for (a one-text forward
-# pass of all-MiniLM: 12 CPU-ms on one thread, 28 on two, in the same 12-14 ms).
+# One torch thread in the test processes and in every server, stub and tool they start (set before
+# torch is imported): on the 2-core machine a second thread bought little time and cost CPU that the
+# other workers' tests wait for (a one-text forward pass of all-MiniLM: 12 CPU-ms on one thread, 28
+# on two, in the same 12-14 ms).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # several workers on the 2-core machine: one torch thread each, so in-process references and
-    # engines do not oversubscribe the cores (the tritonservers are processes of their own)
-    import torch
-    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +28,7 @@ def default_model_dir():
 # The default deployment as most server tests see it: a small token budget, so that multi-text
 # requests are split across batches and the split path is exercised, and "query: " / "passage: "
 # prompts (which change the vectors, unlike the shipped empty fallback prompts of all-MiniLM).
-# 32 sequences a batch: a forward pass on this CPU costs ~30 CPU-ms however few its tokens (it reads
+# 32 sequences a batch: a forward pass on this CPU costs ~12 CPU-ms however few its tokens (it reads
 # all the weights), so that thousands of short texts are not thousands of passes.
 DEFAULT_TEST_PARAMS = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "32"},
                        "tokenize": {"prompts": '{"query": "query: ", "passage": "passage: "}'}}
