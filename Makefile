@@ -70,8 +70,11 @@ serve: install
 # checks, which the others fill. No test needs the machine to itself (how fast is the benchmarks'
 # question). Four workers were no faster here (312 s against 316 s) and loaded the host
 # past 13, where Triton's Python backend aborts more often as it starts.
+# Bytecode caching on even where the environment turns it off (PYTHONDONTWRITEBYTECODE, as in many
+# container images): the workers, launchers, gateways and tools otherwise compile the project's
+# modules (and pytest rewrites the test modules) anew in every process.
 test: $(VENV)/.test-installed
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 3 $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 3 $(PYTEST_ARGS)
 
 # The GPU suite (run on a CUDA host; CI has none and skips it).
 test-gpu: $(VENV)/.test-installed

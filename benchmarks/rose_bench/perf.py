@@ -11,6 +11,7 @@ perf_analyzer measures decoupled models to the first response; `rose` and `naive
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import glob
 import json
@@ -46,6 +47,7 @@ def find_perf_analyzer() -> tuple[str, dict] | None:
     probe = subprocess.run([binary, "--version"], capture_output=True, text=True, env=env)
     if "error while loading shared libraries" in probe.stderr:
         libdir = Path(tempfile.mkdtemp(prefix="rose-pa-lib-"))
+        atexit.register(shutil.rmtree, libdir, ignore_errors=True)      # links only: gone with the process
         for pattern, name in (("libb64-*.so.0d", "libb64.so.0d"), ("libcudart-*.so.12*", "libcudart.so.12")):
             for site in sys.path:
                 hits = glob.glob(str(Path(site) / "nvidia_pytriton.libs" / pattern))
