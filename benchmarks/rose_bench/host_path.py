@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     cuda = cuda_available()
     result = {**run_record(args.git_commit, "cuda" if cuda else "cpu"), "runs": {}}
     for model in args.models.split(","):
-        folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if cuda else "cpu")
+        folder = make_folder(model, Path(args.work) / "folders" / model, device="cuda" if cuda else "cpu")
         for inline in modes.get(model, ["true"]):
             try:
                 result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms,

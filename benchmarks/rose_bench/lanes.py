@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         folder, vocab = None, ModelConfig.from_folder(None).vocab_size
     else:
         from rose_testing.folders import make_folder
-        folder = make_folder(args.model, Path("/tmp/rose-folders") / args.model, device="cuda" if cuda else "cpu")
+        folder = make_folder(args.model, Path(args.work) / "folders" / args.model, device="cuda" if cuda else "cpu")
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     result = {**run_record(args.git_commit, "cuda" if cuda else "cpu"),
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "git_commit")},

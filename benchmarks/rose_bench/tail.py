@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     result = {**run_record(args.git_commit, "cuda" if cuda else "cpu"), "clients": args.clients,
               "words": args.words, "runs": {}}
     for model in args.models.split(","):
-        folder = make_folder(model, Path("/tmp/rose-folders") / model, device="cuda" if cuda else "cpu")
+        folder = make_folder(model, Path(args.work) / "folders" / model, device="cuda" if cuda else "cpu")
         for variant in filter(None, args.variants.split(";")):
             key = f"{model}/{variant.split(':')[0]}"
             try:
