@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import csv
+import functools
 import glob
 import json
 import os
@@ -36,9 +37,11 @@ def write_input_data(path: str | Path, vocab: int, length: int, variants: int = 
     return path
 
 
+@functools.cache
 def find_perf_analyzer() -> tuple[str, dict] | None:
     """The perf_analyzer binary and an environment where its libraries load (libb64, libcudart:
-    taken from the nvidia-pytriton wheel's bundled libraries when the system has none)."""
+    taken from the nvidia-pytriton wheel's bundled libraries when the system has none). Probed once
+    a process; callers pass the environment on and do not change it."""
     binary = shutil.which("perf_analyzer") or (str(Path(sys.prefix) / "bin" / "perf_analyzer")
                                                 if (Path(sys.prefix) / "bin" / "perf_analyzer").exists() else None)
     if not binary:
