@@ -15,7 +15,13 @@ end those streams, stop only after that. So after SIGTERM the launcher:
    has exited (its model unloaded, after rose's own drain) or has used no CPU for QUIET_S;
 3. closes the client connections on the gRPC port: the streams end, their references go, the models
    unload and tritonserver exits on its own, with code 0. A client then sees its stream closed
-   (UNAVAILABLE), and a new connection is refused.
+   (UNAVAILABLE), and a new connection is refused;
+4. if, SETTLE_S after that, tritonserver is still up and its stubs are still gone or idle, the
+   models it keeps are held by references nothing will release: Triton 2.51 leaks one for a request
+   its core refuses on a gRPC stream (a wrong shape or dtype, a missing or an extra input), and
+   then counts down its whole exit timeout (drain_timeout_s + 2 s) for nothing and exits with code
+   1. The launcher says which models were kept and ends it (SIGKILL to its group, exit code -9;
+   TritonProcess.stop then removes its stubs and their shared memory).
 
 Closing another process's sockets needs pidfd_getfd (Linux 5.6+) and the right to ptrace it (a
 parent over its child, unless ptrace is locked down); without it the stop waits as before, bounded
@@ -28,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rose_backend.launch.connections import close_sockets
 from rose_backend.launch.supervision import processes_with
@@ -35,6 +42,10 @@ from rose_backend.launch.supervision import processes_with
 QUIET_S = 1.0              # a stub this long without CPU time has nothing left to answer
 QUIET_TICKS = 2            # CPU ticks per half second that still count as idle (its idle threads: <= 1)
 POLL_S = 0.1
+# After the client connections are closed, an unloading stub finishes within ~1.2 s here (a
+# tokenize or rose stub) and a torch model's stub within ~2.6 s (the naive baseline), using CPU
+# for part of it; a stub idle this long with the server still up is held by a leaked reference.
+SETTLE_S = 3.0
 
 
 def cpu_ticks(pid: int) -> int | None:
@@ -56,7 +67,13 @@ class QuietWatch:
         self.seen: dict[int, tuple[int, float]] = {}          # pid -> (ticks at `since`, since)
 
     def stubs(self) -> list[int]:
-        return [p for p, cmd in processes_with([self.prefix]).items() if "triton_python_backend_stub" in cmd]
+        return list(self.stub_models())
+
+    def stub_models(self) -> dict[int, str]:
+        """{pid: model name} of the server's live stubs (a stub's second argument is its model.py,
+        <repository>/<model>/<version>/model.py)."""
+        return {p: _model_of(cmd) for p, cmd in processes_with([self.prefix]).items()
+                if "triton_python_backend_stub" in cmd}
 
     def quiet(self, now: float) -> bool:
         quiet = now - self.start >= QUIET_S
@@ -71,6 +88,11 @@ class QuietWatch:
             else:
                 quiet = quiet and now - since >= QUIET_S
         return quiet
+
+
+def _model_of(stub_command: str) -> str:
+    args = stub_command.split()
+    return Path(args[1]).parent.parent.name if len(args) > 1 else "?"
 
 
 def _close(what: str, pid: int, port: int, listening: bool) -> int | None:
@@ -90,24 +112,38 @@ def stop_tritonserver(proc: subprocess.Popen, grpc_port: int, stub_prefix: str, 
     can_close = _close("listener", proc.pid, grpc_port, True) is not None
     watch = QuietWatch(stub_prefix, t0)
     closed = not can_close
+    settled_since = None               # since when, after the connections were closed, all is quiet
     while proc.poll() is None:
         now = time.monotonic()
         if now - t0 >= kill_after:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_group(proc)
             break
         if not closed and watch.quiet(now):
             closed = _close("connections", proc.pid, grpc_port, False) is not None
             if not closed:
                 break
+            settled_since = now
+        elif settled_since is not None:
+            if not watch.quiet(now):
+                settled_since = now
+            elif now - settled_since >= SETTLE_S:
+                kept = sorted(set(watch.stub_models().values())) or ["an ensemble"]
+                print(f"rose: tritonserver still keeps {', '.join(kept)} loaded {SETTLE_S:g} s after its work "
+                      f"was answered and its clients were closed (Triton 2.51 leaks a model reference for a "
+                      f"request it refused on a stream); ending it now, not after its exit timeout",
+                      file=sys.stderr, flush=True)
+                _kill_group(proc)
+                break
         time.sleep(POLL_S)
     try:
         return proc.wait(max(0.0, kill_after - (time.monotonic() - t0)))
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
         return proc.wait()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,6 +1,6 @@
 """Nothing outlives the server: kill -9 of tritonserver, of each stub and of the launcher in turn;
-a server that received rejected, cancelled and good requests stops within drain_timeout_s + 5 s of
-SIGTERM; a port already in use (the gateway's too) fails the launch at once. All with real
+a server that received rejected, cancelled and good requests stops within seconds of SIGTERM
+(not its exit timeout); a port already in use (the gateway's too) fails the launch at once. All with real
 processes. The gateway's own watch: tests/gateway/test_gateway_watch.py; stops with clients connected:
 tests/launch/test_stop_bound.py."""
 import os
@@ -19,6 +19,7 @@ import pytest
 from support import leftovers
 from rose_backend.launch.connections import children as children_of
 from rose_backend.launch.deployment import free_ports
+from rose_backend.launch.triton_stop import QUIET_S, SETTLE_S
 from rose_backend.launch.tritonserver import TritonProcess
 from rose_backend.triton.parent_watch import stub_arguments
 from rose_backend.launch.supervision import exit_timeout_for
@@ -59,9 +60,11 @@ def busy(srv: TritonProcess, seconds: float = 1.0) -> StreamConnection:
 
 
 @pytest.fixture
-def small_server(tmp_path):
+def small_server(tmp_path, request):
+    """A server with small batches and drain_timeout_s DRAIN (or the test's indirect parameter)."""
+    drain = getattr(request, "param", DRAIN)
     repo = repository_with({"rose": {"max_batch_tokens": "256", "max_batch_seqs": "4",
-                                      "drain_timeout_s": str(DRAIN)}}, tmp_path)
+                                      "drain_timeout_s": str(drain)}}, tmp_path)
     LOG_DIR.mkdir(exist_ok=True)
     srv = TritonProcess(None, repo, free_ports(), log_file=LOG_DIR / f"supervision-{tmp_path.name}.log").start()
     try:
@@ -148,17 +151,27 @@ def rejected_then_cancelled(url: str) -> None:
     client.close()
 
 
+LONG_DRAIN = 30
+
+
 @pytest.mark.server
-def test_server_stops_after_rejected_and_cancelled_requests(small_server):
+@pytest.mark.parametrize("small_server", [LONG_DRAIN], indirect=True)
+def test_server_stops_after_rejected_and_cancelled_requests(small_server, capfd):
+    """Triton 2.51 leaks a model reference for requests its core refuses on a stream, and would
+    count down its whole exit timeout (LONG_DRAIN + 2 s); the stop ends it once everything is
+    answered, idle and its clients closed (triton_stop.py), and says which model it kept."""
     rejected_then_cancelled(small_server.grpc_url)
     conn = StreamConnection(small_server.grpc_url)        # and a client that behaves
     assert conn.infer("rose", HELLO).result(60)["EMBEDDINGS"].shape == (1, 384)
     conn.close()
+    assert small_server.exit_timeout == LONG_DRAIN + 2
     t0 = time.monotonic()
-    small_server.proc.send_signal(signal.SIGTERM)
-    small_server.proc.wait(DRAIN + 5)                    # on its own: no launcher kill needed
-    assert_nothing_left(small_server, max(0.0, DRAIN + 5 - (time.monotonic() - t0)))
-    assert time.monotonic() - t0 <= DRAIN + 5
+    code = small_server.stop()
+    took = time.monotonic() - t0
+    assert_nothing_left(small_server, 2.0)
+    assert took <= QUIET_S + SETTLE_S + 4 < LONG_DRAIN, took
+    err = capfd.readouterr().err
+    assert code == 0 or (code == -signal.SIGKILL and "still keeps rose loaded" in err), (code, err[-2000:])
 
 
 def test_exit_timeout_follows_the_drain_time(tmp_path):
