@@ -25,6 +25,7 @@ import argparse
 import ast
 import collections
 import functools
+import gc
 import hashlib
 import re
 import sysconfig
@@ -43,17 +44,25 @@ _CODE_LIKE = re.compile(r"[{}\[\]<>=_`|\\]|\(\)|::|>>>|\.py\b|\w\(\w*")
 
 
 def _docstrings(root: Path) -> list[str]:
-    """Docstrings of the modules, classes and functions of the .py files under root (tests left out)."""
+    """Docstrings of the modules, classes and functions of the .py files under root (tests left out).
+    The cyclic garbage collector is off meanwhile: the syntax trees hold no cycles, and its scans of
+    their millions of nodes took half the time (4.6 -> 2.4 CPU-s for every source here)."""
     out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).parts
-        if rel[0] in ("site-packages", "dist-packages") or any(p.startswith(("test", "idle_test")) for p in rel):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-        except (SyntaxError, ValueError):
-            continue
-        out += _docs_under(tree)
+    paths = [p for p in sorted(root.rglob("*.py"))
+             if not (p.relative_to(root).parts[0] in ("site-packages", "dist-packages")
+                     or any(q.startswith(("test", "idle_test")) for q in p.relative_to(root).parts))]
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for path in paths:
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+            except (SyntaxError, ValueError):
+                continue
+            out += _docs_under(tree)
+    finally:
+        if was_on:
+            gc.enable()
     return out
 
 
@@ -102,7 +111,7 @@ def corpus(n: int) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _all_sentences() -> tuple[str, ...]:
     """Every sentence of _sources() that reads as English prose, once each, in corpus() order (the
-    sources are parsed once per process: ~10 s on the 2-core machine)."""
+    sources are parsed once per process: ~3 s on the 2-core machine)."""
     seen, sentences = set(), []
     for text in _sources():
         for paragraph in re.split(r"\n\s*\n", text):
