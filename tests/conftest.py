@@ -90,6 +90,39 @@ def replicas():
         yield servers
 
 
+# A random-weight BGE-M3 folder (rose_testing/m3_folders.py; max_seq_length support.server's
+# M3_MAX_LEN) served with small batches and int8/uint8 calibration ranges: the server of the M3
+# outputs' and the requested outputs' tests.
+M3_PARAMS = {"rose": {"max_batch_tokens": "64", "max_batch_seqs": "4"}}
+
+
+@pytest.fixture(scope="session")
+def m3_deployment(shared_server, tmp_path_factory):
+    """(folder, ranges, server): the M3 folder, its calibration ranges (from random unit vectors,
+    saved beside it as ranges.npy) and the session's server of both."""
+    import numpy as np
+    from rose_testing.m3_folders import make_m3_folder
+    from support.server import M3_MAX_LEN
+    folder = make_m3_folder(tmp_path_factory.mktemp("m3") / "model", max_seq_length=M3_MAX_LEN)
+    rng = np.random.default_rng(1)
+    cal = rng.normal(size=(200, 64)).astype(np.float32)
+    cal /= np.linalg.norm(cal, axis=1, keepdims=True)
+    ranges = np.stack([cal.min(0), cal.max(0)]).astype(np.float32)
+    np.save(folder.parent / "ranges.npy", ranges)
+    params = {"rose": {**M3_PARAMS["rose"], "quantization_ranges": str(folder.parent / "ranges.npy")}}
+    return folder, ranges, shared_server(params, model_dir=str(folder), name="m3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_deployment(shared_server, tmp_path_factory):
+    """(folder, server): a small random-weight Qwen3-Embedding-style folder (rose_testing/qwen3.py)
+    and the session's server of it (the shipped repository's settings)."""
+    from rose_testing.qwen3 import write_qwen3_folder
+    folder = write_qwen3_folder(tmp_path_factory.mktemp("qwen3") / "qwen3-embedding", style="qwen3-embedding",
+                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, hidden_size=96)
+    return folder, shared_server(None, model_dir=str(folder), name="qwen3")
+
+
 @pytest.fixture(scope="session")
 def sentence_model(default_model_dir):
     from sentence_transformers import SentenceTransformer
@@ -116,12 +149,14 @@ def client(server):
 # `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), the reranker modules another (one server per
-# reranker kind), and test_soak runs right after test_server on the same session server; the tests
+# reranker kind), the M3 modules a third (one M3 server), the Qwen3 ones a fourth, and test_soak runs right after test_server on the same session server; the tests
 # of a SPLIT module are units of their own. The longest units go first, so that no worker is left
 # with a long one at the end. Each worker has its own session servers and checks its own leftovers;
 # the controller fails the run if a worker found any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
-          "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers"}
+          "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers",
+          "test_m3_outputs": "m3", "test_requested_outputs": "m3",
+          "test_qwen3_server": "qwen3", "test_gateway_tokens": "qwen3"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
 # so that their minutes are spread over the workers. (test_fp8_accuracy is one unit: its tests share
 # the corpus, parsed once per process.)

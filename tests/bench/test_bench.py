@@ -151,7 +151,7 @@ def test_tail_bench_follows_each_request_through_the_server(tmp_path):
     to it, and the slowest 1% are set against the median."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
     p = subprocess.run([sys.executable, "-m", "rose_bench", "tail", "--models", "tiny-xlm-roberta", "--words", "60",
-                        "--clients", "3", "--interval-ms", "1000", "--warmup-ms", "1500", "--out", str(tmp_path / "out"),
+                        "--clients", "3", "--interval-ms", "500", "--warmup-ms", "900", "--out", str(tmp_path / "out"),
                         "--work", str(tmp_path / "work"), "--git-commit", "test",
                         "--variants", "two:rose.response_threads=2,tokenize_batched.count=1"],
                        capture_output=True, text=True, env=env, timeout=400, cwd=ROOT / "benchmarks")

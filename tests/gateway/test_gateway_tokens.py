@@ -232,20 +232,19 @@ def test_without_the_admin_key_texts_go_through_embed(server, conn):
 
 # --------------------------------------------------------------------------- random-weight folders
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def deployments(shared_server, qwen3_deployment, tmp_path_factory):
+    """{name: (folder, server)}: a tiny BERT folder, and the session's Qwen3-Embedding one."""
     from rose_testing.folders import make_folder
-    from rose_testing.qwen3 import write_qwen3_folder
-    root = tmp_path_factory.mktemp("gateway-folders")
-    return {"tiny-bert": make_folder("tiny-bert", root / "bert"),
-            "qwen3-embedding": write_qwen3_folder(root / "qwen3", style="qwen3-embedding")}
+    bert = make_folder("tiny-bert", tmp_path_factory.mktemp("gateway-folders") / "bert")
+    return {"tiny-bert": (bert, shared_server(None, model_dir=str(bert), name="gw-tiny-bert")),
+            "qwen3-embedding": qwen3_deployment}
 
 
 @pytest.mark.parametrize("name", ["tiny-bert", "qwen3-embedding"])
-def test_random_weight_folders(shared_server, folders, name):
+def test_random_weight_folders(deployments, name):
     from rose_testing.folders import ids_to_text
     from rose_testing.qwen3 import WORDS
-    folder = folders[name]
-    srv = shared_server(None, model_dir=str(folder), name=f"gw-{name}")
+    folder, srv = deployments[name]
     rng = np.random.default_rng(0)
     if name == "tiny-bert":
         texts = [ids_to_text(rng.integers(10, 1000, size=n)) for n in (3, 40, 700)]

@@ -15,12 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from support.server import M3_MAX_LEN
 
 from rose_client import EmbeddingClient, ServerError, StreamConnection
 
 pytestmark = pytest.mark.server
 
-MAX_LEN = 32
+MAX_LEN = M3_MAX_LEN          # the session's M3 folder (conftest's m3_deployment)
 TEXTS = [
     "the rose is a flower",
     "the rose the rose the rose is red red red",                    # repeated ids: max weight per id
@@ -51,9 +52,8 @@ def flag_m3(folder):
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    from rose_testing.m3_folders import make_m3_folder
-    return make_m3_folder(tmp_path_factory.mktemp("m3") / "model", max_seq_length=MAX_LEN)
+def folder(m3_deployment):
+    return m3_deployment[0]
 
 
 @pytest.fixture(scope="module")
@@ -62,23 +62,14 @@ def reference(folder):
 
 
 @pytest.fixture(scope="module")
-def ranges(folder):
-    """int8 / uint8 calibration ranges written for the server (from random unit vectors)."""
-    rng = np.random.default_rng(1)
-    cal = rng.normal(size=(200, 64)).astype(np.float32)
-    cal /= np.linalg.norm(cal, axis=1, keepdims=True)
-    r = np.stack([cal.min(0), cal.max(0)]).astype(np.float32)
-    np.save(folder.parent / "ranges.npy", r)
-    return r
+def ranges(m3_deployment):
+    """The int8 / uint8 calibration ranges the server was given (conftest's m3_deployment)."""
+    return m3_deployment[1]
 
 
 @pytest.fixture(scope="module")
-def m3_server(folder, ranges):
-    from support.server import running_server
-    params = {"rose": {"max_batch_tokens": "64", "max_batch_seqs": "4",
-                       "quantization_ranges": str(folder.parent / "ranges.npy")}}
-    with running_server(model_dir=str(folder), params=params, name="m3") as srv:
-        yield srv
+def m3_server(m3_deployment):
+    return m3_deployment[2]
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rose_testing.compare import cos_dist
-from rose_testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
+from rose_testing.qwen3 import QUERY_PROMPT
 from rose_testing.reference import Reference
 
 pytestmark = pytest.mark.server
@@ -15,12 +15,9 @@ TEXTS = ["the cat sat on the mat", "apple", "a river of blue and green passages 
 
 
 @pytest.fixture(scope="module")
-def qwen3_server(tmp_path_factory):
-    from support.server import running_server
-    folder = write_qwen3_folder(tmp_path_factory.mktemp("qwen3") / "qwen3-embedding", style="qwen3-embedding",
-                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, hidden_size=96)
-    with running_server(model_dir=str(folder), name="qwen3") as srv:
-        yield folder, srv
+def qwen3_server(qwen3_deployment):
+    """The session's small Qwen3-Embedding folder and its server (conftest's qwen3_deployment)."""
+    return qwen3_deployment
 
 
 def test_qwen3_served_through_triton_matches_hf(qwen3_server):

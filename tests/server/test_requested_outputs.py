@@ -15,10 +15,11 @@ import queue
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from support.server import M3_MAX_LEN
 
 pytestmark = pytest.mark.server
 
-MAX_LEN = 32
+MAX_LEN = M3_MAX_LEN          # the session's M3 folder (conftest's m3_deployment)
 TEXTS = ["the rose is a flower", "the rose the rose is red red red", "a",
          " ".join(["hybrid search with lexical weight and dense vector"] * 8),       # cut at MAX_LEN
          "late interaction colbert model server token"]
@@ -156,19 +157,11 @@ def test_triton_refuses_an_undeclared_output_itself(probe):
 
 # ----------------------------------------------------------------------------- the product
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    from rose_testing.m3_folders import make_m3_folder
-    return make_m3_folder(tmp_path_factory.mktemp("m3") / "model", max_seq_length=MAX_LEN)
-
-
-@pytest.fixture(scope="module")
-def m3(folder):
-    from support.server import running_server
-    with running_server(model_dir=str(folder), params={"rose": {"max_batch_tokens": "64", "max_batch_seqs": "4"}},
-                        name="requested-m3") as srv:
-        s = Stream(srv.grpc_url)
-        yield s
-        s.close()
+def m3(m3_deployment):
+    """A stream to the session's M3 server (conftest's m3_deployment: small batches)."""
+    s = Stream(m3_deployment[2].grpc_url)
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="module")

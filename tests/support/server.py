@@ -43,6 +43,8 @@ TEST_EXIT_TIMEOUT_S = 5
 # stops 1-2 s sooner (Triton unloads a model's instances one after another, a second each) and
 # costs 0.65 CPU-s less; `make serve`'s tests on the shipped repository and the benchmarks run two.
 TEST_INSTANCES = {"tokenize": 1, "tokenize_batched": 1}
+# max_seq_length of the session's random-weight BGE-M3 folder (conftest's m3_deployment).
+M3_MAX_LEN = 32
 _counter = itertools.count(1)
 WORKER = f"{os.environ['PYTEST_XDIST_WORKER']}-" if os.environ.get("PYTEST_XDIST_WORKER") else ""   # log names
 _stopping: list[threading.Thread] = []
