@@ -90,16 +90,12 @@ def replicas():
         yield servers
 
 
-# A random-weight BGE-M3 folder (rose_testing/m3_folders.py; max_seq_length support.server's
-# M3_MAX_LEN) served with small batches and int8/uint8 calibration ranges: the server of the M3
-# outputs' and the requested outputs' tests.
-M3_PARAMS = {"rose": {"max_batch_tokens": "64", "max_batch_seqs": "4"}}
-
-
 @pytest.fixture(scope="session")
 def m3_deployment(shared_server, tmp_path_factory):
-    """(folder, ranges, server): the M3 folder, its calibration ranges (from random unit vectors,
-    saved beside it as ranges.npy) and the session's server of both."""
+    """(folder, ranges, server): a random-weight BGE-M3 folder (rose_testing/m3_folders.py,
+    max_seq_length support.server.M3_MAX_LEN), its int8/uint8 calibration ranges (from random unit
+    vectors, saved beside it as ranges.npy) and the session's server of both, with small batches:
+    the M3 outputs' and the requested outputs' tests."""
     import numpy as np
     from rose_testing.m3_folders import make_m3_folder
     from support.server import M3_MAX_LEN
@@ -109,7 +105,8 @@ def m3_deployment(shared_server, tmp_path_factory):
     cal /= np.linalg.norm(cal, axis=1, keepdims=True)
     ranges = np.stack([cal.min(0), cal.max(0)]).astype(np.float32)
     np.save(folder.parent / "ranges.npy", ranges)
-    params = {"rose": {**M3_PARAMS["rose"], "quantization_ranges": str(folder.parent / "ranges.npy")}}
+    params = {"rose": {"max_batch_tokens": "64", "max_batch_seqs": "4",
+                       "quantization_ranges": str(folder.parent / "ranges.npy")}}
     return folder, ranges, shared_server(params, model_dir=str(folder), name="m3")
 
 
@@ -149,8 +146,9 @@ def client(server):
 # `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), the reranker modules another (one server per
-# reranker kind), the M3 modules a third (one M3 server), the Qwen3 ones a fourth, and test_soak runs right after test_server on the same session server; the tests
-# of a SPLIT module are units of their own. The longest units go first, so that no worker is left
+# reranker kind), the M3 modules a third (one M3 server), the Qwen3 ones a fourth, and test_soak
+# runs right after test_server on the same session server; the tests of a SPLIT module are units
+# of their own. The longest units go first, so that no worker is left
 # with a long one at the end. Each worker has its own session servers and checks its own leftovers;
 # the controller fails the run if a worker found any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",

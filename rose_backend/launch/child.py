@@ -25,6 +25,14 @@ from pathlib import Path
 from rose_backend.launch.supervision import die_with_parent
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the process group that `proc` leads (gone already: nothing to do)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def reachable(host: str) -> str:
     """The address a client on this machine reaches a server bound to `host` at."""
     return "127.0.0.1" if host == "0.0.0.0" else host
@@ -58,10 +66,7 @@ class ChildProcess(abc.ABC):
         return self.proc
 
     def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(self.proc)
 
     @abc.abstractmethod
     def start(self):

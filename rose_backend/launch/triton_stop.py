@@ -29,13 +29,13 @@ by the exit timeout and the kill.
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from rose_backend.launch.child import kill_group
 from rose_backend.launch.connections import close_sockets
 from rose_backend.launch.supervision import processes_with
 
@@ -116,7 +116,7 @@ def stop_tritonserver(proc: subprocess.Popen, grpc_port: int, stub_prefix: str, 
     while proc.poll() is None:
         now = time.monotonic()
         if now - t0 >= kill_after:
-            _kill_group(proc)
+            kill_group(proc)
             break
         if not closed and watch.quiet(now):
             closed = _close("connections", proc.pid, grpc_port, False) is not None
@@ -132,18 +132,11 @@ def stop_tritonserver(proc: subprocess.Popen, grpc_port: int, stub_prefix: str, 
                       f"was answered and its clients were closed (Triton 2.51 leaks a model reference for a "
                       f"request it refused on a stream); ending it now, not after its exit timeout",
                       file=sys.stderr, flush=True)
-                _kill_group(proc)
+                kill_group(proc)
                 break
         time.sleep(POLL_S)
     try:
         return proc.wait(max(0.0, kill_after - (time.monotonic() - t0)))
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         return proc.wait()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
