@@ -172,3 +172,43 @@ def random_ids(rng: np.random.Generator, vocab_size: int, length: int) -> np.nda
 
 def ids_to_text(ids) -> str:
     return " ".join(f"w{int(i)}" for i in ids)
+
+
+# The default model's shape where the tests' servers need its tokenizer, prompts and 384 dimensions
+# but not its trained weights: one layer and a narrow feed-forward, so a forward pass on the CPU costs
+# a fraction of all-MiniLM's six (rose_testing.folders.minilm_shaped_folder).
+MINILM_SHAPED = dict(num_hidden_layers=1, intermediate_size=384)
+
+
+def minilm_shaped_folder(path: str | Path, source: str | Path | None = None, seed: int = 0, **config) -> Path:
+    """A random-weight copy of the default model folder (all-MiniLM-L6-v2, or `source`): its
+    tokenizer, sentence-transformers files and config.json, with the weights written anew for the
+    config overridden by MINILM_SHAPED and `config`. Written once: an existing folder is returned as it
+    is; the folder appears whole (written beside it, then renamed), so processes may race to make it."""
+    import os
+    import shutil
+    import tempfile
+
+    from rose_backend.config import default_model_dir
+
+    path, source = Path(path), Path(source or default_model_dir())
+    if (path / "model.safetensors").exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
+    try:
+        for item in source.iterdir():
+            if item.name not in ("model.safetensors", "config.json", "README.md"):
+                (shutil.copytree if item.is_dir() else shutil.copy)(item, tmp / item.name)
+        base = json.loads((source / "config.json").read_text())
+        write_weights(tmp, {**base, **MINILM_SHAPED, **config}, seed=seed)
+        cfg = json.loads((tmp / "config.json").read_text())      # served and compared in float32, as the original
+        (tmp / "config.json").write_text(json.dumps({**cfg, "torch_dtype": base.get("torch_dtype", "float32")}, indent=2))
+        try:
+            os.rename(tmp, path)
+        except OSError:                   # another process made it first
+            if not (path / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

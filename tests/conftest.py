@@ -21,8 +21,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session")
 def default_model_dir():
+    """The shipped default model (all-MiniLM-L6-v2, real weights)."""
     from rose_backend.config import default_model_dir
     return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def served_model_dir(tmp_path_factory):
+    """The folder the test servers serve (`server`, `replicas`, and private servers that compare with
+    `sentence_model`): all-MiniLM-L6-v2's tokenizer, prompts and 384 dimensions with random weights
+    in one narrow layer (rose_testing.folders.minilm_shaped_folder), so that the thousands of texts
+    the server tests send cost a tenth of the CPU (a 512-token pass: 21 against 205 CPU-ms). Real
+    weights are checked in-process (tests/models) and through the launcher's shipped deployment
+    (test_server.py). Made once per run: the xdist workers share it through their common temp folder."""
+    import fcntl
+    from rose_testing.folders import minilm_shaped_folder
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with open(root / "minilm-shaped.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                  # one worker writes it, the others wait
+        return minilm_shaped_folder(root / "minilm-shaped")
 
 
 # The default deployment as most server tests see it: a small token budget, so that multi-text
@@ -72,21 +90,22 @@ def reranker_server(shared_server, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(shared_server):
-    """The session's default server (DEFAULT_TEST_PARAMS, the default model)."""
-    return shared_server(DEFAULT_TEST_PARAMS, name="default")
+def server(shared_server, served_model_dir):
+    """The session's default server (the shipped repository with DEFAULT_TEST_PARAMS, serving
+    served_model_dir)."""
+    return shared_server(DEFAULT_TEST_PARAMS, model_dir=str(served_model_dir), name="default")
 
 
 @pytest.fixture(scope="session")
-def replicas():
-    """Three replicas of the default model (a "query: " prompt), each with one CPU thread
+def replicas(served_model_dir):
+    """Three replicas serving served_model_dir (a "query: " prompt), each with one CPU thread
     (OMP_NUM_THREADS=1) so that on this 2-core machine they work as independent workers, as GPUs
     would: the client's multi-server tests. test_client.py kills the second one; later users take
     the live ones ([s for s in replicas if s.proc.poll() is None])."""
     from support.server import running_servers
     params = {"tokenize": {"prompts": '{"query": "query: "}'}}
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with running_servers(3, params=params, name="replica", env=env) as servers:
+    with running_servers(3, model_dir=str(served_model_dir), params=params, name="replica", env=env) as servers:
         yield servers
 
 
@@ -121,7 +140,15 @@ def qwen3_deployment(shared_server, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def sentence_model(default_model_dir):
+def sentence_model(served_model_dir):
+    """sentence-transformers on served_model_dir: the reference of the test servers."""
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(str(served_model_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def shipped_sentence_model(default_model_dir):
+    """sentence-transformers on the shipped default model (real weights)."""
     from sentence_transformers import SentenceTransformer
     return SentenceTransformer(str(default_model_dir), device="cpu")
 

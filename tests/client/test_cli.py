@@ -58,7 +58,7 @@ def test_jsonl_to_parquet_and_parquet_to_npy(server, tmp_path, capsys):
 
 
 def test_txt_to_npy_killed_midway_then_resumed(server, tmp_path):
-    n, block = 300, 10                                  # 30 blocks: killed after 4 of them
+    n, block = 1000, 10                                 # 100 blocks: killed after 4 of them
     data = texts(n)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(data) + "\n")
@@ -139,9 +139,13 @@ def test_failed_run_that_finished_no_block_leaves_no_partial(tmp_path, capsys):
 def test_ctrl_c_stops_promptly_and_keeps_every_finished_block(server, tmp_path):
     """SIGINT (Ctrl-C) midway: rose-embed exits within seconds (it does not wait for the blocks in
     flight), says how many rows are saved, and --resume then finishes with exactly the rest."""
-    n, block = 1000, 200        # blocks of a second or more each on the CPU: 2 saved, 2 in flight, 1 not yet sent
+    # blocks 0-1 short texts (saved first), 2-3 of texts cut at 256 tokens (in flight at the signal:
+    # 51k tokens, seconds of this CPU), 4 not yet sent
+    n, block = 500, 100
+    rows = texts(n, seed=3)
+    rows[2 * block:4 * block] = [row + " and more" * 200 for row in rows[2 * block:4 * block]]
     src = tmp_path / "in.txt"
-    src.write_text("\n".join(texts(n, seed=3)) + "\n")
+    src.write_text("\n".join(rows) + "\n")
     out, partial = tmp_path / "out.npy", tmp_path / "out.npy.partial"
     cmd = [sys.executable, "-m", "rose_client.cli", str(src), str(out), "--url", server.grpc_url, "--block", str(block),
            "--concurrency", "2", "--quiet"]

@@ -85,7 +85,7 @@ def test_a_device_without_fp8_is_refused_with_the_reason(monkeypatch):
     assert "compute capability 8.9" in why and "A100" in why and "8.0" in why
 
 
-def test_dtype_fp8_serves_within_the_gate_on_a_real_server(sentence_model):
+def test_dtype_fp8_serves_within_the_gate_on_a_real_server(shipped_sentence_model):
     """`rose` with dtype=fp8 (and fp8_min_tokens low enough for these batches) on a tritonserver: the
     all-MiniLM-L6-v2 embeddings of real weights stay within the fp8 gate of sentence-transformers'."""
     from rose_client import EmbeddingClient
@@ -96,7 +96,7 @@ def test_dtype_fp8_serves_within_the_gate_on_a_real_server(sentence_model):
         with EmbeddingClient(srv.grpc_url) as client:
             got = client.embed(texts)
         log = open(srv.log_file).read()
-    want = sentence_model.encode(texts, normalize_embeddings=True)
+    want = shipped_sentence_model.encode(texts, normalize_embeddings=True)
     gap = cos_dist(got, want)
     print(f"dtype=fp8 against sentence-transformers: max 1 - cos {float(gap.max()):.2e}")
     assert float(gap.max()) <= 5e-3, gap

@@ -80,14 +80,14 @@ def test_the_banner_names_both_models(launch, reranker_folder, default_model_dir
     assert any(f"{launch.gateway_url}/v1/embeddings" in l and "/v1/rerank" in l for l in launch.lines), launch.output
 
 
-def test_embed_and_rerank_on_one_server_match_the_peer_libraries(launch, reranker_folder, sentence_model):
+def test_embed_and_rerank_on_one_server_match_the_peer_libraries(launch, reranker_folder, shipped_sentence_model):
     from rose_testing.reranker_folders import reference_scores
     from rose_client import EmbeddingClient
     with EmbeddingClient(launch.grpc_url) as client:
         emb = client.embed(TEXTS)
         scores = client.rerank(QUERY, DOCS)
         top = client.rerank(QUERY, DOCS, top_k=3)
-    ref = sentence_model.encode(TEXTS, convert_to_numpy=True)
+    ref = shipped_sentence_model.encode(TEXTS, convert_to_numpy=True)
     assert emb.shape == (len(TEXTS), 384)
     assert _cosine_gap(emb, ref) <= 1e-5
     ref_scores = reference_scores(reranker_folder, QUERY, DOCS)
@@ -113,7 +113,7 @@ def test_each_engine_counts_its_own_work(launch):
         assert _sequences(launch, "rerank_rose") == before["rerank_rose"] + len(DOCS)
 
 
-def test_the_gateway_serves_both(launch, reranker_folder, sentence_model):
+def test_the_gateway_serves_both(launch, reranker_folder, shipped_sentence_model):
     import httpx
     from rose_testing.reranker_folders import reference_scores
     gw = launch.gateway_url
@@ -123,7 +123,7 @@ def test_the_gateway_serves_both(launch, reranker_folder, sentence_model):
     r = httpx.post(gw + "/v1/embeddings", json={"input": TEXTS, "model": "all-MiniLM-L6-v2"}, timeout=60)
     assert r.status_code == 200, r.text
     got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
-    assert _cosine_gap(got, sentence_model.encode(TEXTS, convert_to_numpy=True)) <= 1e-5
+    assert _cosine_gap(got, shipped_sentence_model.encode(TEXTS, convert_to_numpy=True)) <= 1e-5
     r = httpx.post(gw + "/v1/rerank", json={"query": QUERY, "documents": [d or " " for d in DOCS]}, timeout=60)
     assert r.status_code == 200, r.text
     results = r.json()["results"]

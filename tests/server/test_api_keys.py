@@ -82,7 +82,9 @@ def test_without_the_key_a_call_is_refused_at_once(restricted, key):
 
 
 @pytest.mark.server
-def test_with_the_key_calls_work_over_streams(restricted, sentence_model):
+def test_with_the_key_calls_work_over_streams(restricted, shipped_sentence_model):
+    """The shipped default model (real weights) behind the key."""
+    sentence_model = shipped_sentence_model
     want = sentence_model.encode(TEXTS)
     with EmbeddingClient(restricted.grpc_url, api_key=KEY) as c:
         got = c.embed(TEXTS)

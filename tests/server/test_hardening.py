@@ -232,13 +232,13 @@ def outcome(fut, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def limited():
+def limited(served_model_dir):
     """A server with small limits, so that each one is easy to cross."""
     from support.server import running_server
     params = {"rose": {"max_batch_tokens": "256", "max_batch_seqs": "8", "max_queued_tokens": "2048",
                        "max_request_seqs": "16", "max_request_tokens": "1024"},
               "tokenize": {"max_request_texts": "8", "max_text_bytes": "2000"}}
-    with running_server(params=params, name="limited") as srv:
+    with running_server(str(served_model_dir), params=params, name="limited") as srv:
         yield srv
 
 
@@ -317,9 +317,9 @@ def test_cancelled_stream_work_leaves_the_pool_uncomputed(server):
     computed, and the next caller is not kept waiting behind them."""
     before = metric(server, "rose_sequences_total")
     cancelled_before = metric(server, "rose_requests_cancelled_total")
-    n = 2000                                                     # ~256k tokens: a minute of CPU work
+    n = 4000                                                     # ~1M tokens: most of a minute of CPU work
     conn = StreamConnection(server.grpc_url)
-    fut = conn.infer("rose", rose_inputs(np.full(n * 128, 2000, np.int32), np.full(n, 128, np.int32)))
+    fut = conn.infer("rose", rose_inputs(np.full(n * 256, 2000, np.int32), np.full(n, 256, np.int32)))
     t0 = time.monotonic()
     while metric(server, "rose_sequences_total") == before and time.monotonic() - t0 < 30:
         time.sleep(0.2)                                          # until it is being computed

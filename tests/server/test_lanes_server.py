@@ -27,13 +27,13 @@ def lane_value(srv, name: str, lane: str, model: str = "rose", le: str | None = 
 
 @pytest.mark.parametrize("lane,n,overtakes", [
     ("bulk", 32, True),              # named bulk: the query goes first
-    (None, 72, True),                # 9216 tokens > bulk_threshold_tokens (8192): bulk by size
+    (None, 18, True),                # 9216 tokens > bulk_threshold_tokens (8192): bulk by size
     ("interactive", 32, False)])     # one lane: first come, first served
 def test_a_query_overtakes_bulk_queued_before_it(server, lane, n, overtakes):
     big_conn, q_conn = StreamConnection(server.grpc_url), StreamConnection(server.grpc_url)
     finished: dict[str, float] = {}
     try:
-        big_inputs, q_inputs = ids_request(n, n, 128), ids_request(1, 1, 16)
+        big_inputs, q_inputs = ids_request(n, n, 512), ids_request(1, 1, 16)
         sent = time.monotonic()
         big = big_conn.infer("rose", big_inputs, parameters={"lane": lane} if lane else None)
         big.add_done_callback(lambda f: finished.setdefault("big", time.monotonic()))
@@ -41,7 +41,7 @@ def test_a_query_overtakes_bulk_queued_before_it(server, lane, n, overtakes):
         q = q_conn.infer("rose", q_inputs)
         q.add_done_callback(lambda f: finished.setdefault("query", time.monotonic()))
         big_emb, q_emb = big.result(300)["EMBEDDINGS"], q.result(300)["EMBEDDINGS"]
-        if overtakes:      # answered batches before the big request (it takes 8 or more batches of 512)
+        if overtakes:      # answered batches before the big request (it takes 18 or more batches of 512)
             assert finished["query"] < finished["big"] - 0.1, finished
         else:              # behind the big request (in its last batch at the earliest): answered in the
             # last quarter of the big request's time, whatever the host's speed (the big answer's

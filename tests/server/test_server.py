@@ -163,9 +163,9 @@ def test_metrics_are_exported(server, client):
     assert batches and batches[0] >= 1
 
 
-def test_launcher_serves_and_stops_on_sigterm(tmp_path):
+def test_launcher_serves_and_stops_on_sigterm(tmp_path, shipped_sentence_model):
     """What `make serve` runs, on the shipped repository and the default model: ready, answers a
-    client, the command of its ready message and README's example run as printed, the HTTP gateway
+    client with sentence-transformers' embeddings of the real weights, the command of its ready message and README's example run as printed, the HTTP gateway
     it starts answers; SIGTERM stops the server and the gateway, and the launcher exits cleanly."""
     import httpx
     from support.server import free_ports
@@ -188,7 +188,9 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path):
                 break
         assert any(l.startswith("rose: serving") for l in lines), "".join(lines[-30:])
         with EmbeddingClient(f"127.0.0.1:{ports.grpc}") as c:
-            assert c.embed(["hello"]).shape == (1, 384)
+            ours = c.embed(VARIED)
+        assert ours.shape == (len(VARIED), 384)
+        assert cos_dist(ours, shipped_sentence_model.encode(VARIED)).max() <= 1e-4
         # the command the ready message prints works as printed, from another folder, with no
         # PYTHONPATH and no virtual environment activated
         command = proc.stdout.readline().strip()
