@@ -46,8 +46,8 @@ def served_model_dir(tmp_path_factory):
 # The default deployment as most server tests see it: a small token budget, so that multi-text
 # requests are split across batches and the split path is exercised, and "query: " / "passage: "
 # prompts (which change the vectors, unlike the shipped empty fallback prompts of all-MiniLM).
-# 32 sequences a batch: a forward pass on this CPU costs ~12 CPU-ms however few its tokens (it reads
-# all the weights), so that thousands of short texts are not thousands of passes.
+# 32 sequences a batch: every forward pass has a fixed cost however few its tokens (2 CPU-ms for one
+# short text on served_model_dir), so that thousands of short texts are not thousands of passes.
 DEFAULT_TEST_PARAMS = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "32"},
                        "tokenize": {"prompts": '{"query": "query: ", "passage": "passage: "}'}}
 

@@ -330,7 +330,7 @@ def test_answers_name_no_internal_address(gw, server):
 def test_sigterm_drains_for_drain_timeout_then_answers_503(server):
     import signal
     import threading
-    ids = [[101] + [2000 + (i + j) % 500 for j in range(254)] + [102] for i in range(200)]   # ~10 s of work here
+    ids = [[101] + [2000 + (i + j) % 500 for j in range(254)] + [102] for i in range(1000)]  # ~10 s of work here
     with gateway_for(server.grpc_url, "limits-drain", extra_args=["--drain-timeout", "2"],
                      admin_key=server.admin_key) as g:
         answer = {}
