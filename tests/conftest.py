@@ -27,13 +27,14 @@ def default_model_dir():
 
 
 @pytest.fixture(scope="session")
-def served_model_dir(tmp_path_factory):
-    """The folder the test servers serve (`server`, `replicas`, and private servers that compare with
-    `sentence_model`): all-MiniLM-L6-v2's tokenizer, prompts and 384 dimensions with random weights
-    in one narrow layer (rose_testing.folders.minilm_shaped_folder), so that the thousands of texts
-    the server tests send cost a tenth of the CPU (a 512-token pass: 21 against 205 CPU-ms). Real
-    weights are checked in-process (tests/models) and through the launcher's shipped deployment
-    (test_server.py). Made once per run: the xdist workers share it through their common temp folder."""
+def minilm_shaped_dir(tmp_path_factory):
+    """all-MiniLM-L6-v2's tokenizer, prompts and 384 dimensions with random weights in one narrow
+    layer (rose_testing.folders.minilm_shaped_folder): what the test servers serve (`server`,
+    `replicas`, private servers that compare with `sentence_model`) and the in-process engine and
+    service tests run, so that the thousands of texts they embed cost a tenth of the CPU (a
+    512-token pass: 21 against 205 CPU-ms). The shipped weights are checked in tests/models and
+    through the launcher's shipped deployment (test_server.py). Made once per run: the xdist workers
+    share it through their common temp folder."""
     import fcntl
     from rose_testing.folders import minilm_shaped_folder
     base = tmp_path_factory.getbasetemp()
@@ -47,7 +48,7 @@ def served_model_dir(tmp_path_factory):
 # requests are split across batches and the split path is exercised, and "query: " / "passage: "
 # prompts (which change the vectors, unlike the shipped empty fallback prompts of all-MiniLM).
 # 32 sequences a batch: every forward pass has a fixed cost however few its tokens (2 CPU-ms for one
-# short text on served_model_dir), so that thousands of short texts are not thousands of passes.
+# short text on minilm_shaped_dir), so that thousands of short texts are not thousands of passes.
 DEFAULT_TEST_PARAMS = {"rose": {"max_batch_tokens": "512", "max_batch_seqs": "32"},
                        "tokenize": {"prompts": '{"query": "query: ", "passage": "passage: "}'}}
 
@@ -90,22 +91,22 @@ def reranker_server(shared_server, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(shared_server, served_model_dir):
+def server(shared_server, minilm_shaped_dir):
     """The session's default server (the shipped repository with DEFAULT_TEST_PARAMS, serving
-    served_model_dir)."""
-    return shared_server(DEFAULT_TEST_PARAMS, model_dir=str(served_model_dir), name="default")
+    minilm_shaped_dir)."""
+    return shared_server(DEFAULT_TEST_PARAMS, model_dir=str(minilm_shaped_dir), name="default")
 
 
 @pytest.fixture(scope="session")
-def replicas(served_model_dir):
-    """Three replicas serving served_model_dir (a "query: " prompt), each with one CPU thread
+def replicas(minilm_shaped_dir):
+    """Three replicas serving minilm_shaped_dir (a "query: " prompt), each with one CPU thread
     (OMP_NUM_THREADS=1) so that on this 2-core machine they work as independent workers, as GPUs
     would: the client's multi-server tests. test_client.py kills the second one; later users take
     the live ones ([s for s in replicas if s.proc.poll() is None])."""
     from support.server import running_servers
     params = {"tokenize": {"prompts": '{"query": "query: "}'}}
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with running_servers(3, model_dir=str(served_model_dir), params=params, name="replica", env=env) as servers:
+    with running_servers(3, model_dir=str(minilm_shaped_dir), params=params, name="replica", env=env) as servers:
         yield servers
 
 
@@ -140,10 +141,10 @@ def qwen3_deployment(shared_server, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def sentence_model(served_model_dir):
-    """sentence-transformers on served_model_dir: the reference of the test servers."""
+def sentence_model(minilm_shaped_dir):
+    """sentence-transformers on minilm_shaped_dir: the reference of the test servers."""
     from sentence_transformers import SentenceTransformer
-    return SentenceTransformer(str(served_model_dir), device="cpu")
+    return SentenceTransformer(str(minilm_shaped_dir), device="cpu")
 
 
 @pytest.fixture(scope="session")

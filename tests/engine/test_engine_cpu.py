@@ -15,8 +15,8 @@ from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, Sd
 
 
 @pytest.fixture(scope="module")
-def cfg():
-    return ModelConfig.from_folder(None)
+def cfg(minilm_shaped_dir):
+    return ModelConfig.from_folder(minilm_shaped_dir)
 
 
 @pytest.fixture(scope="module")

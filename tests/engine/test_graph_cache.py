@@ -81,7 +81,7 @@ def test_cpu_graphs_hold_their_static_outputs():
     assert c.graph_bytes() == (12 + 5 + 4) * 4
 
 
-def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct():
+def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct(minilm_shaped_dir):
     """graphs=True on the CPU: the bucketed static-buffer path with stand-in graphs. A cap of one
     graph's output: the first configuration is captured, later ones run eagerly, counted as refused."""
     import numpy as np
@@ -90,7 +90,7 @@ def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct():
     from rose_backend.engine.batch import PackedBatch
     from rose_backend.engine.engine import Engine
 
-    cfg = ModelConfig.from_folder(None)
+    cfg = ModelConfig.from_folder(minilm_shaped_dir)
     one_graph = (8 + 1) * cfg.embedding_dim * 4                      # [Sb + 1, D] float32, Sb = 8
     eng = Engine(cfg, graphs=True, max_tokens=512, max_seqs=8, graph_memory_cap_bytes=one_graph)
     ref = Engine(cfg, graphs=False)
@@ -113,7 +113,7 @@ def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct():
     assert uncapped.stats.graph_captures == 3 and uncapped.stats.capture_refused == 0
 
 
-def test_forced_out_of_memory_past_the_cap_loses_nothing():
+def test_forced_out_of_memory_past_the_cap_loses_nothing(minilm_shaped_dir):
     """Past the cap, batches that run out of memory are split and retried (serving/oom_retry.py) on a
     graphs=True engine: every request answered, each equal to the unpadded engine's embedding."""
     import numpy as np
@@ -123,7 +123,7 @@ def test_forced_out_of_memory_past_the_cap_loses_nothing():
     from rose_backend.serving.scheduler import Request
     from support.requests import run_service
 
-    cfg = ModelConfig.from_folder(None)
+    cfg = ModelConfig.from_folder(minilm_shaped_dir)
     # one configuration captured at start fills the cap: every other one runs eagerly from there on
     eng = Engine(cfg, graphs=True, max_tokens=2048, max_seqs=64, graph_memory_cap_bytes=1)
     eng.precapture([(1, 64)])

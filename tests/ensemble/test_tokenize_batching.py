@@ -183,10 +183,10 @@ def _metric(server, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def batching_server(shared_server, served_model_dir):
-    """The shipped deployment (serving served_model_dir) with a 20 ms backlog window: on this shared 2-core machine Triton's
+def batching_server(shared_server, minilm_shaped_dir):
+    """The shipped deployment (serving minilm_shaped_dir) with a 20 ms backlog window: on this shared 2-core machine Triton's
     hand-over between requests can exceed the default 250 us, which would answer each inline."""
-    return shared_server({"tokenize": {"batch_backlog_us": "20000"}}, model_dir=str(served_model_dir), name="batching")
+    return shared_server({"tokenize": {"batch_backlog_us": "20000"}}, model_dir=str(minilm_shaped_dir), name="batching")
 
 
 def test_concurrent_requests_get_their_own_ids_and_share_rust_calls(batching_server, hf, sentence_model):
@@ -264,12 +264,12 @@ def test_options_pass_through_to_rose_and_tokenize_keeps_http(server, client):
         assert b'"data":[101,7592,2088,102]' in r.read()
 
 
-def test_server_stop_with_the_batcher_busy_leaves_nothing_behind(served_model_dir):
+def test_server_stop_with_the_batcher_busy_leaves_nothing_behind(minilm_shaped_dir):
     """Requests pipelined into `tokenize_batched` and `embed`, then the server stopped: every request
     answered, exit code 0, no stub process and no /dev/shm segment of that server left."""
     from support import leftovers
     from support.server import running_server
-    with running_server(str(served_model_dir), name="tokbatch-stop") as srv:
+    with running_server(str(minilm_shaped_dir), name="tokbatch-stop") as srv:
         conn = StreamConnection(srv.grpc_url)
         try:
             futs = [conn.infer("tokenize_batched" if i % 2 else "embed", [("TEXT", [text(i)])]) for i in range(40)]

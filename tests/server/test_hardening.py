@@ -31,8 +31,8 @@ HELLO = (np.array([101, 7592, 102], np.int32), np.array([3], np.int32))     # "[
 # ---- the service, with a real CPU engine ------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine(ModelConfig.from_folder(None))
+def engine(minilm_shaped_dir):
+    return Engine(ModelConfig.from_folder(minilm_shaped_dir))
 
 
 class OutOfMemoryOver:
@@ -232,13 +232,13 @@ def outcome(fut, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def limited(served_model_dir):
+def limited(minilm_shaped_dir):
     """A server with small limits, so that each one is easy to cross."""
     from support.server import running_server
     params = {"rose": {"max_batch_tokens": "256", "max_batch_seqs": "8", "max_queued_tokens": "2048",
                        "max_request_seqs": "16", "max_request_tokens": "1024"},
               "tokenize": {"max_request_texts": "8", "max_text_bytes": "2000"}}
-    with running_server(str(served_model_dir), params=params, name="limited") as srv:
+    with running_server(str(minilm_shaped_dir), params=params, name="limited") as srv:
         yield srv
 
 

@@ -17,9 +17,9 @@ DOCUMENTS = [SENTENCES[:3], LONG, ["A one-chunk document."]]
 
 
 @pytest.fixture(scope="module")
-def reference(served_model_dir):
+def reference(minilm_shaped_dir):
     from rose_testing.reference import Reference
-    return Reference(served_model_dir)
+    return Reference(minilm_shaped_dir)
 
 
 def late(conn, documents, task=None, parameters=None, outputs=None, model="embed"):
@@ -29,10 +29,10 @@ def late(conn, documents, task=None, parameters=None, outputs=None, model="embed
     return conn.infer(model, inputs, outputs=outputs, parameters=parameters)
 
 
-def test_chunk_vectors_match_transformers(conn, served_model_dir, reference):
+def test_chunk_vectors_match_transformers(conn, minilm_shaped_dir, reference):
     got = late(conn, DOCUMENTS, task="query", outputs=["EMBEDDINGS", "TOKEN_COUNTS", "TRUNCATED"],
                model="encode").result(300)
-    want = np.concatenate(late_chunk_reference(served_model_dir, DOCUMENTS, prompt="query: ", window=256,
+    want = np.concatenate(late_chunk_reference(minilm_shaped_dir, DOCUMENTS, prompt="query: ", window=256,
                                                overlap=64, reference=reference))
     assert got["EMBEDDINGS"].shape == (3 + len(LONG) + 1, 384)
     assert cos_dist(got["EMBEDDINGS"], want).max() < 1e-5
@@ -110,21 +110,21 @@ def test_a_plain_tritonclient_stream_gets_chunk_vectors(server):
         c.close()
 
 
-def test_the_overlap_is_a_tokenize_parameter(shared_server, served_model_dir, reference):
+def test_the_overlap_is_a_tokenize_parameter(shared_server, minilm_shaped_dir, reference):
     srv = shared_server({"tokenize": {"late_chunk_overlap": "16", "max_seq_length": "128"}},
-                        model_dir=str(served_model_dir), name="late-overlap")
+                        model_dir=str(minilm_shaped_dir), name="late-overlap")
     c = StreamConnection(srv.grpc_url)
     try:
         got = late(c, [LONG]).result(300)["EMBEDDINGS"]
     finally:
         c.close()
-    want = late_chunk_reference(served_model_dir, [LONG], window=128, overlap=16, reference=reference)[0]
+    want = late_chunk_reference(minilm_shaped_dir, [LONG], window=128, overlap=16, reference=reference)[0]
     assert cos_dist(got, want).max() < 1e-5
-    other = late_chunk_reference(served_model_dir, [LONG], window=128, overlap=64, reference=reference)[0]
+    other = late_chunk_reference(minilm_shaped_dir, [LONG], window=128, overlap=64, reference=reference)[0]
     assert cos_dist(got, other).max() > 1e-4                    # the overlap changes the vectors
 
 
-def test_client_functions(server, conn, served_model_dir):
+def test_client_functions(server, conn, minilm_shaped_dir):
     from rose_client import EmbeddingClient
     from rose_client.dispatch import Chunk
     from rose_client.late_chunks import document_chunks, embed_counted, embed_late_chunks

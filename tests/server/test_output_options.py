@@ -12,10 +12,10 @@ pytestmark = pytest.mark.server
 TEXTS = ["what is rose?", "a server for embeddings", "naïve café 日本語", "x", "Matryoshka " * 50]
 
 
-def test_dimensions_match_sentence_transformers_truncate_dim(client, served_model_dir):
+def test_dimensions_match_sentence_transformers_truncate_dim(client, minilm_shaped_dir):
     from sentence_transformers import SentenceTransformer
     for d in (32, 128, 383):
-        ref = SentenceTransformer(str(served_model_dir), device="cpu", truncate_dim=d).encode(
+        ref = SentenceTransformer(str(minilm_shaped_dir), device="cpu", truncate_dim=d).encode(
             TEXTS, normalize_embeddings=True)
         ours = client.embed(TEXTS, dimensions=d)
         assert ours.shape == (len(TEXTS), d)

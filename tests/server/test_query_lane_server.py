@@ -6,13 +6,13 @@ import threading
 from rose_testing.compare import cos_dist
 
 
-def test_queries_and_bulk_through_the_query_lane_match_sentence_transformers(served_model_dir, sentence_model):
+def test_queries_and_bulk_through_the_query_lane_match_sentence_transformers(minilm_shaped_dir, sentence_model):
     from rose_client import EmbeddingClient
     from support.server import running_server
     queries = [f"where is the capital of country number {i}?" for i in range(6)]
     bulk = [f"document {i}: re-indexing a corpus takes the whole night on a busy cluster." for i in range(200)]
     got = {}
-    with running_server(str(served_model_dir), params={"rose": {"interactive_stream": "on"}}, name="query-lane",
+    with running_server(str(minilm_shaped_dir), params={"rose": {"interactive_stream": "on"}}, name="query-lane",
                         timeout=180) as srv:
         with EmbeddingClient(srv.grpc_url) as client:
             t = threading.Thread(target=lambda: got.setdefault("bulk", client.embed(bulk, lane="bulk")))

@@ -17,8 +17,8 @@ from support.requests import uniform_request
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine(ModelConfig.from_folder(None))
+def engine(minilm_shaped_dir):
+    return Engine(ModelConfig.from_folder(minilm_shaped_dir))
 
 
 request = uniform_request

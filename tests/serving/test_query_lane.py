@@ -16,8 +16,8 @@ from support.requests import uniform_request as request
 
 
 @pytest.fixture(scope="module")
-def engines():
-    main = Engine(ModelConfig.from_folder(None))
+def engines(minilm_shaped_dir):
+    main = Engine(ModelConfig.from_folder(minilm_shaped_dir))
     return main, Engine(main.cfg, weights_from=main)
 
 
