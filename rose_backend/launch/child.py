@@ -40,13 +40,18 @@ def reachable(host: str) -> str:
 
 def http_status(url: str, timeout: float = 2.0) -> int:
     """The HTTP status a GET of `url` answers with (whatever it is); 0 when nothing answers."""
+    return http_answer(url, timeout)[0]
+
+
+def http_answer(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body) of a GET of `url`, whatever the status; (0, b"") when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
+            return r.status, r.read()
     except urllib.error.HTTPError as e:
-        return e.code
+        return e.code, e.read()
     except OSError:
-        return 0
+        return 0, b""
 
 
 class ChildProcess(abc.ABC):

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from rose_backend.launch.child import ChildProcess, http_status, reachable
+from rose_backend.launch.child import ChildProcess, http_answer, reachable
 from rose_backend.launch.deployment import REPO_ROOT
 from rose_backend.launch.scratch import GATEWAY_STATE_PREFIX, remove_unowned
 
@@ -61,13 +61,15 @@ class GatewayProcess(ChildProcess):
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until the gateway answers HTTP (its /health may still say Triton is not ready)."""
+        """Until the gateway answers its /health (which may still say Triton is not ready): the
+        gateway's own answer, which names its replicas, not just any server's on that port."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited with code {self.proc.returncode}"
                                    + (f"; see {self.log_file}" if self.log_file else ""))
-            if 200 <= http_status(self.url + "/metrics") < 300:
+            status, body = http_answer(self.url + "/health")
+            if status and b'"replicas"' in body:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"the gateway did not answer on {self.url} within {timeout:.0f} s")

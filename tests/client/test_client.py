@@ -371,8 +371,8 @@ def test_async_client_and_token_ids_on_real_servers(three, default_model_dir):
 
 
 def test_unreachable_servers_raise_a_clear_error():
-    from support.server import free_ports
-    urls = [f"127.0.0.1:{free_ports().grpc}" for _ in range(2)]
+    from support.ports import free_port
+    urls = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     with EmbeddingClient(urls, backoff=0.01) as c:
         with pytest.raises(AllReplicasDown, match=f"all 2 replicas are down: {urls[0]} .*{urls[1]}"):
             c.embed(["hello"])

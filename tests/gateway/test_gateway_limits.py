@@ -15,7 +15,7 @@ from support.gateway import LOG_DIR, gateway_for
 from support.raw_http import connect, read_response, request, roundtrip
 from support.metrics import metric, rose_metric, wait_for_backlog, wait_idle
 
-from rose_backend.launch.deployment import free_ports
+from support.ports import free_port
 
 pytestmark = pytest.mark.server
 HEADER_S, BODY_S, RATE = 3.0, 3.0, 1000
@@ -316,7 +316,7 @@ def test_answers_name_no_internal_address(gw, server):
     assert list(health["replicas"]) == ["replica 0"] and port not in json.dumps(health)
     r = embed(gw, {"input": [[101, 99999999, 102]]})      # refused by the server
     assert r.status_code == 400 and "vocabulary" in r.text and port not in r.text and "127.0.0.1" not in r.text
-    dead = f"127.0.0.1:{free_ports().grpc}"
+    dead = f"127.0.0.1:{free_port()}"
     with gateway_for(dead, "limits-dead") as down:
         r = httpx.post(down.url + "/v1/embeddings", json={"input": "x"}, timeout=60)
         assert r.status_code == 503 and "replica 0" in r.text, r.text

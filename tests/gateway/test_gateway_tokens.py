@@ -269,10 +269,10 @@ def test_workers_that_cannot_start_stop_the_gateway(tmp_path):
     import subprocess
     import sys
 
-    from rose_backend.launch.deployment import free_ports
+    from support.ports import free_port
     from rose_backend.launch.gateway import REPO_ROOT
     env = {"PYTHONPATH": ":".join(str(REPO_ROOT / p) for p in ("gateway", "client", "ensemble", "."))}
-    port = free_ports().grpc
+    port = free_port()
     cmd = [sys.executable, "-m", "rose_gateway", "--workers", "2", "--port", str(port),
            "--triton-urls", "127.0.0.1:1"]
     bad = subprocess.run(cmd + ["--model", str(tmp_path / "no-such-folder")], capture_output=True, text=True,

@@ -18,7 +18,7 @@ import pytest
 
 from support import leftovers
 from rose_backend.launch.connections import children as children_of
-from rose_backend.launch.deployment import free_ports
+from support.ports import free_port, free_ports
 from rose_backend.launch.triton_stop import QUIET_S, SETTLE_S
 from rose_backend.launch.tritonserver import TritonProcess
 from rose_backend.triton.parent_watch import stub_arguments
@@ -238,7 +238,7 @@ def test_launcher_killed_takes_its_servers_with_it():
 @pytest.mark.parametrize("which", ["grpc", "http", "metrics", "gateway"])
 def test_port_in_use_fails_at_once_naming_it(which):
     ports = free_ports()
-    gateway = free_ports().grpc
+    gateway = free_port()
     taken = gateway if which == "gateway" else getattr(ports, which)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", taken))

@@ -142,7 +142,7 @@ def test_the_generated_repository_goes_with_the_launch(launch):
 
 def _refused(*args: str) -> str:
     """The launcher's one line on stderr for a pair of folders it does not serve (exit 1, no traceback)."""
-    from rose_backend.launch.deployment import free_ports
+    from support.ports import free_ports
     ports = free_ports()
     r = subprocess.run([sys.executable, "-m", "rose_backend.launch", *args, "--gateway-port", "0",
                         "--grpc-port", str(ports.grpc), "--http-port", str(ports.http),

@@ -168,8 +168,8 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path, shipped_sentence_model):
     client with sentence-transformers' embeddings of the real weights, the command of its ready message and README's example run as printed, the HTTP gateway
     it starts answers; SIGTERM stops the server and the gateway, and the launcher exits cleanly."""
     import httpx
-    from support.server import free_ports
-    ports, gport = free_ports(), free_ports().grpc
+    from support.ports import free_port, free_ports
+    ports, gport = free_ports(), free_port()
     env = dict(os.environ)
     proc = subprocess.Popen([sys.executable, "-m", "rose_backend.launch", "--grpc-port", str(ports.grpc),
                              "--http-port", str(ports.http), "--metrics-port", str(ports.metrics),

@@ -5,7 +5,7 @@ import contextlib
 
 from support.server import LOG_DIR
 
-from rose_backend.launch.deployment import free_ports
+from support.ports import free_port
 from rose_backend.launch.gateway import GatewayProcess
 
 # the deployment prompts of conftest.py's session server (DEFAULT_TEST_PARAMS)
@@ -20,6 +20,6 @@ def gateway_for(grpc_url: str, name: str, api_key: str | None = None, extra_args
     LOG_DIR.mkdir(exist_ok=True)
     log = LOG_DIR / f"gateway-{name}.log"
     log.unlink(missing_ok=True)
-    with GatewayProcess(grpc_url, free_ports().grpc, api_key=api_key, extra_args=extra_args, log_file=log,
+    with GatewayProcess(grpc_url, free_port(), api_key=api_key, extra_args=extra_args, log_file=log,
                         admin_key=admin_key) as gw:
         yield gw

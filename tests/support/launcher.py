@@ -17,13 +17,9 @@ import time
 from pathlib import Path
 
 from support import leftovers
-from rose_backend.launch.deployment import free_ports
+from support.ports import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    return free_ports().grpc
 
 
 class LauncherRun:

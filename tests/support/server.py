@@ -11,7 +11,7 @@ private one with these helpers only where a test kills, restarts or reconfigures
 Leaving `running_servers` stops its servers in a background thread (tritonserver's own unload takes
 ~4 s here, time the next tests use); `wait_stopped()`, called at session end before the leak check of
 conftest.py, joins them. A test about stopping calls `srv.stop()` itself.
-`free_ports()` picks unused loopback ports; logs go to tests/.logs/ (git-ignored) so a failing
+`free_ports()` picks unused loopback ports (support/ports.py: a block of its own per xdist worker); logs go to tests/.logs/ (git-ignored) so a failing
 test can say where to look. Triton's control plane (statistics, model config, repository, trace,
 logging) needs each server's admin key: rose_client.auth.grpc_admin_headers(srv.admin_key) as gRPC
 headers, {"admin-key": srv.admin_key} over HTTP; `api_key` starts servers that require an API key.
@@ -29,9 +29,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy  # noqa: F401
+from rose_backend.launch.deployment import DEFAULT_REPOSITORY, repository_copy  # noqa: F401
 from rose_backend.launch.serve import stop_all  # noqa: F401
 from rose_backend.launch.tritonserver import TritonProcess  # noqa: F401
+from support.ports import free_ports  # noqa: F401
 
 LOG_DIR = Path(__file__).resolve().parents[1] / ".logs"
 # Seconds tritonserver waits at SIGTERM for in-flight work and model unloads. A test server is stopped
