@@ -167,6 +167,7 @@ class StreamConnection:
         with self._lock:
             self.broken = error
             pending, self._pending = self._pending, {}
+        self._outbox.put(None)          # no request follows: gRPC's thread sending them ends too
         for fut in pending.values():
             fut.set_exception(error)
 

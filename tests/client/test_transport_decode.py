@@ -82,3 +82,21 @@ def test_a_malformed_answer_fails_its_request_and_the_stream_lives_on():
     finally:
         conn.close()
         server.stop(0)
+
+
+def test_a_broken_stream_leaves_no_thread_behind():
+    """A stream that breaks (nothing listens at its address) fails its requests with ConnectionLost,
+    and gRPC's thread that sends its requests ends with it, closed or not (it waited forever for the
+    next request: a client retrying against a dead replica gathered one such thread per attempt)."""
+    import threading
+
+    from rose_client.transport import ConnectionLost, StreamConnection
+    from rose_testing.waiting import wait_until
+    from support.ports import free_port
+
+    before = threading.active_count()
+    conns = [StreamConnection(f"127.0.0.1:{free_port()}") for _ in range(3)]
+    for conn in conns:
+        with pytest.raises(ConnectionLost):
+            conn.infer("rose", [("INPUT_IDS", np.arange(3, dtype=np.int32))]).result(30)
+    assert wait_until(lambda: threading.active_count() <= before, 10), [t.name for t in threading.enumerate()]
