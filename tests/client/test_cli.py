@@ -151,14 +151,16 @@ def test_ctrl_c_stops_promptly_and_keeps_every_finished_block(server, tmp_path):
            "--concurrency", "2", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "client")}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    launched = time.monotonic()
+    deadline = launched + 120
     while len(list(partial.glob("part-*.npy"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    t0, at_signal = time.monotonic(), len(list(partial.glob("part-*.npy")))
+    t0, at_signal, ended = time.monotonic(), len(list(partial.glob("part-*.npy"))), proc.poll()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     took = time.monotonic() - t0
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (f"{at_signal} parts seen {t0 - launched:.1f} s after the launch "
+                                    f"(exit status then: {ended}); then {took:.1f} s to exit", err)
     assert took < 8, f"rose-embed took {took:.1f} s to stop after Ctrl-C"
     saved = len(list(partial.glob("part-*.npy")))
     assert saved >= 2 and f"{saved * block} of {n} rows are saved" in err, err
