@@ -35,6 +35,7 @@ def stop_under_traffic(srv, gw, expect: set[int]) -> float:
     while srv.proc.poll() is None and time.monotonic() - t0 < 45:
         r = embed(gw)
         assert r.status_code in expect, r.text
+        time.sleep(0.02)            # a steady stream of requests, not one that takes every core
     srv.stop()
     return time.monotonic() - t0
 
