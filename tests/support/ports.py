@@ -41,12 +41,13 @@ def worker_block() -> range:
     return range(FIRST_PORT + index * size, FIRST_PORT + (index + 1) * size)
 
 
-_next = itertools.cycle(worker_block())
+BLOCK = worker_block()
+_next = itertools.cycle(BLOCK)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """The next port of this worker's block that nothing holds now."""
-    for _ in range(len(worker_block())):
+    for _ in range(len(BLOCK)):
         port = next(_next)
         with socket.socket() as s:
             try:
@@ -54,7 +55,7 @@ def free_port(host: str = "127.0.0.1") -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"every port of {worker_block()} is taken")
+    raise RuntimeError(f"every port of {BLOCK} is taken")
 
 
 def free_ports(host: str = "127.0.0.1") -> Ports:
