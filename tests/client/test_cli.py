@@ -125,7 +125,7 @@ def test_failed_run_that_finished_no_block_leaves_no_partial(tmp_path, capsys):
     from support.ports import free_port
     src = tmp_path / "in.txt"
     src.write_text("one\ntwo\n")
-    url = f"127.0.0.1:{free_port()}"             # nothing listens there
+    url = f"127.0.0.1:{free_port()}"                  # nothing listens there
     assert main([str(src), str(tmp_path / "out.npy"), "--url", url, "--timeout", "10", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "Nothing was saved" in err and "is kept" not in err and "--resume" not in err, err

@@ -18,9 +18,8 @@ from support.metrics import rose_metric, wait_for_backlog, wait_idle
 REQUESTS, SEQS, WORDS = 24, 8, 400     # rose: 77k tokens; embed: 49k (texts cut at 256): seconds on a CPU
 
 
-def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False, requests: int = REQUESTS,
-                         seqs: int = SEQS) -> tuple[float, float]:
-    """Queue `requests` requests of `seqs` sequences on one stream and cancel the stream once rose
+def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False) -> tuple[float, float]:
+    """Queue REQUESTS requests of SEQS sequences on one stream and cancel the stream once rose
     has a backlog of them, or (all_in_rose) once every request is tokenized and rose still has a
     backlog (the metrics are polled about once a second: the backlog must outlast that);
     (requests rose cancelled, sequences it computed), once the server is idle again."""
@@ -30,22 +29,22 @@ def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False, requests
     c = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: answers.put((result, error)))
-    for i in range(requests):
+    for i in range(REQUESTS):
         if model == "rose":
-            ids = np.full(seqs * (WORDS + 2), 2773 + i, np.int32)
+            ids = np.full(SEQS * (WORDS + 2), 2773 + i, np.int32)
             inputs = [grpcclient.InferInput("INPUT_IDS", [ids.size], "INT32"),
-                      grpcclient.InferInput("SEQ_LENS", [seqs], "INT32")]
+                      grpcclient.InferInput("SEQ_LENS", [SEQS], "INT32")]
             inputs[0].set_data_from_numpy(ids)
-            inputs[1].set_data_from_numpy(np.full(seqs, WORDS + 2, np.int32))
+            inputs[1].set_data_from_numpy(np.full(SEQS, WORDS + 2, np.int32))
         else:
-            inputs = [grpcclient.InferInput("TEXT", [seqs], "BYTES")]
-            inputs[0].set_data_from_numpy(np.array([(f"word{i} " * WORDS).encode()] * seqs, dtype=object))
+            inputs = [grpcclient.InferInput("TEXT", [SEQS], "BYTES")]
+            inputs[0].set_data_from_numpy(np.array([(f"word{i} " * WORDS).encode()] * SEQS, dtype=object))
         c.async_stream_infer(model, inputs, request_id=str(i))
     wait_for_backlog(server)
     deadline = time.monotonic() + 30
-    while all_in_rose and (rose_metric(server, "rose_tokenize_encoded_requests_total") - tokenized0 < requests
+    while all_in_rose and (rose_metric(server, "rose_tokenize_encoded_requests_total") - tokenized0 < REQUESTS
                            or rose_metric(server, "rose_queue_tokens") == 0):
-        assert time.monotonic() < deadline and not answers.qsize() == requests, "rose had no backlog left"
+        assert time.monotonic() < deadline and not answers.qsize() == REQUESTS, "rose had no backlog left"
         time.sleep(0.05)
     c.stop_stream(cancel_requests=True)
     c.close()
