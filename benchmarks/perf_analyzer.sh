@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# NVIDIA perf_analyzer against a running server's `rose` model, gRPC streaming (rose is decoupled).
+# NVIDIA perf_analyzer against a running server, gRPC streaming (`rose` and `embed` are decoupled).
 #   benchmarks/perf_analyzer.sh [GRPC_URL] [INPUT_JSON] [extra perf_analyzer args...]
-#   ADMIN_KEY=... benchmarks/perf_analyzer.sh 127.0.0.1:8001 --concurrency-range 1:8   (keys: $ADMIN_KEY, $API_KEY)
+# The model follows the input file: token ids (INPUT_IDS) go to `rose`, texts (TEXT) to `embed`
+# (benchmarks/inputs/embed_1x128w.json: one 128-word text); $MODEL_NAME overrides it.
+#   benchmarks/perf_analyzer.sh 127.0.0.1:8001 --concurrency-range 1:8   ($API_KEY: the deployment's, if it has one)
 # Defaults: 127.0.0.1:8001 and benchmarks/inputs/rose_1x128.json (one 128-token sequence). The first
 # argument that starts with "-" and everything after it go to perf_analyzer as they are.
 # perf_analyzer ships in the tritonclient==2.51.0 wheel; it links libb64.so.0d and libcudart.so.12,
@@ -27,10 +29,10 @@ if ldd "$PA" | grep "not found" >/dev/null; then
   export LD_LIBRARY_PATH="$PALIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 SHAPES=$("$PY" -c "import json,sys;d=json.load(open(sys.argv[1]))['data'][0];print(' '.join(f'--shape {k}:{v[\"shape\"][0]}' for k,v in d.items()))" "$INPUT")
-# the deployment's keys, from the environment (perf_analyzer reads the model's config, which Triton's
-# restricted control plane serves only with the admin key; and its metadata, with the API key if set)
+MODEL_NAME=${MODEL_NAME:-$("$PY" -c "import json,sys;d=json.load(open(sys.argv[1]))['data'][0];print('embed' if 'TEXT' in d else 'rose')" "$INPUT")}
+# the deployment's API key, from the environment, if it has one (perf_analyzer reads the model's
+# metadata and config, which Triton serves to whoever may infer)
 KEYS=()
-[ -n "${ADMIN_KEY:-}" ] && KEYS+=(-H "triton-grpc-protocol-admin-key:$ADMIN_KEY")
 [ -n "${API_KEY:-}" ] && KEYS+=(-H "triton-grpc-protocol-api-key:$API_KEY")
-exec "$PA" -m rose -i grpc --streaming -u "$URL" --input-data "$INPUT" $SHAPES ${KEYS[@]+"${KEYS[@]}"} \
+exec "$PA" -m "$MODEL_NAME" -i grpc --streaming -u "$URL" --input-data "$INPUT" $SHAPES ${KEYS[@]+"${KEYS[@]}"} \
   --measurement-interval 5000 --percentile=99 --stability-percentage=50 -r 30 "$@"

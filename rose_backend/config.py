@@ -38,9 +38,15 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_dir(path: str | os.PathLike | None = None) -> Path:
-    """An explicit path, else $ROSE_MODEL_DIR, else the default model."""
-    path = path or os.environ.get("ROSE_MODEL_DIR") or ""
-    return Path(path).expanduser().resolve() if str(path) else default_model_dir()
+    """An explicit path, else $ROSE_MODEL_DIR, else the default model. A path may name environment
+    variables ("$ROSE_RERANKER_DIR": a served model's config then shows no local path)."""
+    path = str(path or os.environ.get("ROSE_MODEL_DIR") or "")
+    if not path:
+        return default_model_dir()
+    expanded = os.path.expandvars(path)
+    if "$" in expanded:
+        raise ModelFolderError(f"the model folder {path!r} names an environment variable that is not set")
+    return Path(expanded).expanduser().resolve()
 
 
 def _read_json(path: Path) -> dict:

@@ -172,7 +172,6 @@ class Bench:
             log(f"{system}: ready in {res['startup']['ready_s']} s on {srv.grpc_url}")
             self.gate(system, srv.grpc_url, res, t0)
             self.save()
-            self.admin_key = srv.admin_key
             self.workloads(system, srv.grpc_url, pool, res, deadline)
         finally:
             code = srv.stop()
@@ -269,8 +268,7 @@ class Bench:
                     pa["online"][str(n)] = {"skipped": "time budget spent"}
                     continue
                 f = write_input_data(self.work / "perf_analyzer" / f"{self.model}_online_{n}.json", vocab, n)
-                r = run_perf_analyzer(url, tm, f, self.work / f"pa_{system}_{n}.csv", m["pa_interval_ms"],
-                                      admin_key=self.admin_key)
+                r = run_perf_analyzer(url, tm, f, self.work / f"pa_{system}_{n}.csv", m["pa_interval_ms"])
                 pa["online"][str(n)] = r
                 log(f"{system}: perf_analyzer online {n}: "
                     + (f"p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms" if "p50_ms" in r else r.get("error", "")[-300:]))

@@ -78,13 +78,12 @@ def baseline_tree(rev: str, into: Path) -> Path:
 class Gateway:
     """One gateway process (--workers 1) with rose_gateway from `src`; `profile_to`: under cProfile."""
 
-    def __init__(self, grpc_url: str, port: int, admin_key: str, src: Path, log_file: Path,
+    def __init__(self, grpc_url: str, port: int, src: Path, log_file: Path,
                  profile_to: Path | None = None, model: str | None = None):
         root = repo_root()
         env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "ADMIN_KEY", "GATEWAY_WORKERS")}
         env["PYTHONPATH"] = ":".join([str(src), str(root / "client"), str(root)] +
                                      ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        env["ROSE_ADMIN_KEY"] = admin_key
         args = ["--triton-urls", grpc_url, "--port", str(port), "--workers", "1", "--owner", f"rose_{os.getpid()}_"]
         args += ["--model", model] if model else []
         head = [sys.executable, "-c", PROFILE_RUNNER, str(profile_to)] if profile_to else \
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             gws: dict[str, Gateway] = {}
             try:
                 for k, (name, src) in enumerate(sources.items()):
-                    gws[name] = Gateway(srv.grpc_url, free_ports().grpc, srv.admin_key, src,
+                    gws[name] = Gateway(srv.grpc_url, free_ports().grpc, src,
                                         logs / f"gateway_cpu_{k}.log", model=args.model)
                 for gw in gws.values():
                     gw.wait_ready()
@@ -268,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.profile:
                 for k, (name, src) in enumerate(sources.items()):
                     prof = Path(tmp) / f"profile_{k}.prof"
-                    gw = Gateway(srv.grpc_url, free_ports().grpc, srv.admin_key, src,
+                    gw = Gateway(srv.grpc_url, free_ports().grpc, src,
                                  logs / f"gateway_cpu_profile_{k}.log", profile_to=prof, model=args.model)
                     try:
                         gw.wait_ready()

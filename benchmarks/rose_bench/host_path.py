@@ -100,7 +100,7 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
             before = {k: triton_metric(metrics, k, step) for k in
                       ("nv_inference_compute_infer_duration_us", "nv_inference_queue_duration_us", "nv_inference_request_success")}
             res = run_perf_analyzer(srv.grpc_url, served, data, work / f"pa-{model}-{inline}-{len(out)}.csv", interval_ms,
-                                    concurrency=clients, admin_key=srv.admin_key)
+                                    concurrency=clients)
             if served == "embed":
                 after = {k: triton_metric(metrics, k, step) for k in before}
                 n = after["nv_inference_request_success"] - before["nv_inference_request_success"]
@@ -133,8 +133,7 @@ def concurrent_server(folder: Path, model: str, work: Path, interval_ms: int, cl
         srv.wait_ready(timeout=420)
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
         res = run_perf_analyzer(srv.grpc_url, "embed", text_input(work / f"text_{model}_512.json", vocab, 512),
-                                work / f"pa-{model}-c{clients}.csv", interval_ms, concurrency=clients,
-                                admin_key=srv.admin_key)
+                                work / f"pa-{model}-c{clients}.csv", interval_ms, concurrency=clients)
         if res.get("p50_ms"):
             res["p99_over_p50"] = round(res["p99_ms"] / res["p50_ms"], 3)
         print(model, f"embed 512-word texts, {clients} clients", json.dumps(res), flush=True)

@@ -20,10 +20,9 @@ worker's), and each cell gets the p50 us of every stage of the requests it sent 
 gateway's stages, rose's beside them; rose cells: rose's).
 For a random folder the texts are words of its WordLevel vocabulary ("w123 w4567 ..."), one token
 a word; for the default model (or --model FOLDER) English words.
---grpc-url and --gateway-url measure a deployment already running instead ($ADMIN_KEY: its Triton
-admin key, which perf_analyzer needs to read a model's config); --api-key-file for one that
-requires a key (perf_analyzer then sends `-H "triton-grpc-protocol-api-key:KEY"` to gRPC and
-`-H "Authorization:Bearer KEY"` to the gateway). Keys are shown as KEY / ADMIN_KEY in the JSON.
+--grpc-url and --gateway-url measure a deployment already running instead; --api-key-file for one
+that requires a key (perf_analyzer then sends `-H "triton-grpc-protocol-api-key:KEY"` to gRPC and
+`-H "Authorization:Bearer KEY"` to the gateway). The key is shown as KEY in the JSON.
 Prints a table and writes <out>/http.json (command, git commit, machine, date, every cell with its
 perf_analyzer command), rewritten after every cell.
 """
@@ -91,17 +90,12 @@ def perf_command(binary: str, path: str, args, urls: dict, model_name: str, inpu
                "--async", "-u", urls[path]] + common
         return cmd + (["-H", f"Authorization:Bearer {key}"] if key else [])
     cmd = [binary, "-m", path, "-i", "grpc", "--streaming", "-u", urls["grpc"]] + common
-    if urls.get("admin_key"):                         # perf_analyzer reads the model's config first
-        cmd += ["-H", f"triton-grpc-protocol-admin-key:{urls['admin_key']}"]
     return cmd + (["-H", f"triton-grpc-protocol-api-key:{key}"] if key else [])
 
 
-def run_cell(cmd: list[str], env: dict, csv_file: Path, key: str | None, timeout: float,
-             admin_key: str | None = None) -> dict:
+def run_cell(cmd: list[str], env: dict, csv_file: Path, key: str | None, timeout: float) -> dict:
     def hide(a: str) -> str:
-        for k, name in ((key, "KEY"), (admin_key, "ADMIN_KEY")):
-            a = a.replace(k, name) if k else a
-        return a
+        return a.replace(key, "KEY") if key else a
     shown = " ".join("perf_analyzer" if i == 0 else hide(a) for i, a in enumerate(cmd))
     from rose_bench.perf import csv_row
     row, error = csv_row(cmd, env, csv_file, shown, timeout, hide)
@@ -134,11 +128,9 @@ def own_deployment(args, tmp: Path):
         os.environ["GATEWAY_WORKERS"] = str(args.workers)
     log_dir = Path(args.out)
     with TritonProcess(model, DEFAULT_REPOSITORY, ports=free_ports(), log_file=log_dir / "http_triton.log") as srv:
-        # the admin key lets the gateway read the deployment's tokenize settings (else texts go through embed)
-        gateway = start_gateway(free_ports().grpc, "127.0.0.1", model, srv.grpc_url, admin_key=srv.admin_key)
+        gateway = start_gateway(free_ports().grpc, "127.0.0.1", model, srv.grpc_url)
         try:
-            yield {"grpc": srv.grpc_url, "gateway": gateway.url.removeprefix("http://"),
-                   "admin_key": getattr(srv, "admin_key", None)}, vocab
+            yield {"grpc": srv.grpc_url, "gateway": gateway.url.removeprefix("http://")}, vocab
         finally:
             gateway.stop()
 
@@ -185,7 +177,7 @@ def wait_for_workers(gateway: str, headers: dict, timeout: float = 120.0) -> dic
             w = health.get("workers") or {}
             if health.get("status") == "ready" and w.get("serving", 1) >= w.get("started", 1):
                 if not health.get("tokenizes_texts"):
-                    log("the gateway has not read the deployment's tokenize settings (its admin key?): "
+                    log("the gateway has not read the deployment's tokenize settings: "
                         "its texts go through embed")
                 return {**w, "tokenizes_texts": health.get("tokenizes_texts")}
         time.sleep(0.5)
@@ -266,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_dir = Path(tmp) / "stages"
         if args.stages:
             os.environ["ROSE_STAGE_TIMES"] = str(stage_dir)          # the server and the gateway inherit it
-        running = {"grpc": args.grpc_url, "gateway": (args.gateway_url or "").removeprefix("http://"),
-                   "admin_key": os.environ.get("ADMIN_KEY") or os.environ.get("ROSE_ADMIN_KEY")}
+        running = {"grpc": args.grpc_url, "gateway": (args.gateway_url or "").removeprefix("http://")}
         ctx = (contextlib.nullcontext((running, None)) if args.grpc_url and args.gateway_url
                else own_deployment(args, Path(tmp)))
         with ctx as (urls, vocab), (http_floor(out) if "floor" in comma_list(args.paths)
@@ -289,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                         t_cell = time.perf_counter_ns()
                         cmd = perf_command(binary, path, args, urls, model_name, files[path], c, csv_file, key)
                         cell = {"words": words, "tokens": int(np.mean([len(t) for t in tokens])), "concurrency": c,
-                                "path": path, **run_cell(cmd, env, csv_file, key, 60 + 10 * args.interval_ms / 1000 * args.max_trials,
-                                                         urls.get("admin_key"))}
+                                "path": path, **run_cell(cmd, env, csv_file, key, 60 + 10 * args.interval_ms / 1000 * args.max_trials)}
                         log(f"{words} words c{c} {path}: " + (cell.get("error") or
                             f"p50 {cell['p50_ms']} ms p99 {cell['p99_ms']} ms {cell['req_per_s']} req/s"))
                         windows[len(result["cells"])] = (t_cell, time.perf_counter_ns())

@@ -64,11 +64,11 @@ def find_perf_analyzer() -> tuple[str, dict] | None:
     return binary, env
 
 
-def key_headers(admin_key: str | None = None, api_key: str | None = None) -> list[str]:
-    """perf_analyzer's -H options for a deployment's keys: it reads the model's metadata (the API key's,
-    when one is set) and config (Triton's control plane: the admin key's)."""
-    from rose_client.auth import grpc_admin_headers
-    return [opt for k, v in (grpc_admin_headers(admin_key, api_key) or {}).items() for opt in ("-H", f"{k}:{v}")]
+def key_headers(api_key: str | None = None) -> list[str]:
+    """perf_analyzer's -H options for a deployment's API key (it reads the model's metadata and config,
+    which Triton serves to whoever may infer); none without one."""
+    from rose_client.auth import grpc_api_key_headers
+    return [opt for k, v in (grpc_api_key_headers(api_key) or {}).items() for opt in ("-H", f"{k}:{v}")]
 
 
 def csv_row(cmd: list[str], env: dict, csv_file: Path, shown: str, timeout: float, scrub=lambda text: text):
@@ -86,9 +86,9 @@ def csv_row(cmd: list[str], env: dict, csv_file: Path, shown: str, timeout: floa
 
 def run_perf_analyzer(url: str, model: str, input_file: Path, csv_file: Path, interval_ms: int,
                       timeout: float = 120.0, concurrency: int = 1, extra: list[str] | None = None,
-                      admin_key: str | None = None, api_key: str | None = None) -> dict:
+                      api_key: str | None = None) -> dict:
     """perf_analyzer over gRPC streaming: p50 / p90 / p99 / mean ms and inferences/s (or "error").
-    admin_key / api_key: the server's keys (TritonProcess.admin_key), sent as headers and never shown."""
+    api_key: the server's API key, sent as a header and never shown."""
     found = find_perf_analyzer()
     if found is None:
         return {"error": "perf_analyzer not found or its libraries do not load"}
@@ -96,8 +96,8 @@ def run_perf_analyzer(url: str, model: str, input_file: Path, csv_file: Path, in
     cmd = [binary, "-m", model, "-i", "grpc", "--streaming", "-u", url, "--input-data", str(input_file),
            "--measurement-interval", str(interval_ms), "--stability-percentage", "100",
            "--max-trials", "10", "--concurrency-range", str(concurrency), "-f", str(csv_file)] + (extra or [])
-    shown = " ".join(["perf_analyzer"] + cmd[1:] + (["-H <key headers>"] if admin_key or api_key else []))
-    cmd += key_headers(admin_key, api_key)
+    shown = " ".join(["perf_analyzer"] + cmd[1:] + (["-H <key headers>"] if api_key else []))
+    cmd += key_headers(api_key)
     row, error = csv_row(cmd, env, csv_file, shown, timeout)
     if error:
         return error

@@ -135,8 +135,7 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
         c0 = rose_counters(srv)
         if args.warmup_ms:
             warm = run_perf_analyzer(srv.grpc_url, "embed", texts, work / f"pa-{tag}-warmup.csv", args.warmup_ms // 3,
-                                     timeout=120, concurrency=args.clients, extra=["--max-trials", "3"],
-                                     admin_key=srv.admin_key)
+                                     timeout=120, concurrency=args.clients, extra=["--max-trials", "3"])
             c1 = rose_counters(srv)
             out["warmup"] = {k: warm.get(k) for k in ("p50_ms", "p99_ms", "infer_per_s", "error") if k in warm}
             out["warmup"]["rose"] = counter_delta(c0, c1)
@@ -144,7 +143,7 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
         measured_from = time.monotonic_ns()              # the trace and the marks cover the warm-up too
         out["perf_analyzer"] = run_perf_analyzer(
             srv.grpc_url, "embed", texts, work / f"pa-{tag}.csv", args.interval_ms, timeout=300,
-            concurrency=args.clients, extra=["--profile-export-file", str(export)], admin_key=srv.admin_key)
+            concurrency=args.clients, extra=["--profile-export-file", str(export)])
         out["client"] = client_latencies(export)
         out["client"]["rose_during_measurement"] = counter_delta(c0, rose_counters(srv))
     finally:

@@ -1,7 +1,7 @@
 """The headers that carry rose's keys to Triton and to the HTTP gateway.
 
-A deployment started with an API key (`API_KEY`) has Triton check it on inference and metadata
-requests, through Triton's restricted-protocol options. Triton's gRPC server reads a restricted
+A deployment started with an API key (`API_KEY`) has Triton check it on inference, metadata,
+model-config and statistics requests, through Triton's restricted-protocol options. Triton's gRPC server reads a restricted
 key `k` from the request header `triton-grpc-protocol-<k>`; its HTTP server from the header `<k>`.
 The gateway takes the same key as `Authorization: Bearer <key>` (OpenAI's convention).
 
@@ -9,24 +9,24 @@ The gateway takes the same key as `Authorization: Bearer <key>` (OpenAI's conven
     perf_analyzer ... -H "triton-grpc-protocol-api-key:secret"
 
 The admin key (`ADMIN_KEY`, or one the launcher makes per start) guards Triton's control plane:
-model repository (load / unload), model config, shared memory, statistics, trace and logging.
+model repository (load / unload), shared memory, trace and logging.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-API_KEY_NAME = "api-key"          # Triton's restricted-protocol key for inference + metadata
+API_KEY_NAME = "api-key"          # Triton's restricted-protocol key for inference, metadata, config, statistics
 ADMIN_KEY_NAME = "admin-key"      # ... and for the control plane
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 
 def grpc_api_key_headers(api_key: str | None) -> dict[str, str] | None:
-    """gRPC metadata for Triton's inference and metadata requests (None: no key)."""
+    """gRPC metadata for Triton's inference, metadata, model-config and statistics requests (None: no key)."""
     return {GRPC_HEADER_PREFIX + API_KEY_NAME: api_key} if api_key else None
 
 
 def grpc_admin_headers(admin_key: str | None, api_key: str | None = None) -> dict[str, str] | None:
-    """gRPC metadata for Triton's control-plane requests (model config, repository, statistics)."""
+    """gRPC metadata for Triton's control-plane requests (model repository, shared memory, trace, logging)."""
     headers = dict(grpc_api_key_headers(api_key) or {})
     if admin_key:
         headers[GRPC_HEADER_PREFIX + ADMIN_KEY_NAME] = admin_key

@@ -1,8 +1,8 @@
 """python -m rose_gateway --triton-urls 127.0.0.1:8001 [--port 8080] [--host 127.0.0.1] [--workers N]
                           [--api-key-file PATH]
 
-The API key comes from $API_KEY or --api-key-file (never the command line: `ps` shows it), Triton's
-admin key from $ROSE_ADMIN_KEY. --workers (or $GATEWAY_WORKERS; default: the cores this process
+The API key comes from $API_KEY or --api-key-file (never the command line: `ps` shows it).
+--workers (or $GATEWAY_WORKERS; default: the cores this process
 may use) gateway processes share the port (workers.py); with 1 this process serves itself. On
 SIGTERM the gateway stops taking connections, gives requests in flight --drain-timeout seconds
 (default 10), answers what is left with 503 and exits.

@@ -74,7 +74,7 @@ class Gateway:
         self.client = AsyncEmbeddingClient(s.triton_urls, asyncio_streams=True, on_sent=stages.sent,
                                            timeout=None, progress_timeout=s.timeout, retries=3, backoff=0.05,
                                            max_backoff=1.0, chunk_timeout=s.timeout, api_key=s.api_key)
-        self.state = TritonState(s.triton_urls, api_key=s.api_key, admin_key=s.admin_key)
+        self.state = TritonState(s.triton_urls, api_key=s.api_key)
         self.reranker = Reranker(s.triton_urls, s.timeout, s.retry_after, api_key=s.api_key)
         learn = asyncio.ensure_future(self._learn_server_settings())     # before the first request, if it can
         try:

@@ -1,9 +1,8 @@
 """The gateway's settings: one dataclass, filled from the command line or the environment.
 
 Keys are never taken from the command line (a process listing shows it): the API key comes from
-$API_KEY or a file (--api-key-file), Triton's admin key from $ROSE_ADMIN_KEY. The API key is
-checked on /v1/* (Authorization: Bearer) and sent to Triton on every request; the admin key only on
-the gateway's model-config request (Triton's control plane).
+$API_KEY or a file (--api-key-file). It is checked on /v1/* (Authorization: Bearer) and sent to
+Triton on every request (inference, readiness, the `tokenize` model's configuration).
 """
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = field(default=None, repr=False)      # Bearer token on /v1/*, and Triton's key
-    admin_key: str | None = field(default=None, repr=False)    # Triton's control plane (model config)
     model_dir: str | None = None        # the served model's folder (default: the default model)
     served_model_name: str | None = None    # default: the folder's name
     max_body_bytes: int = 8 << 20       # larger bodies: 413
@@ -68,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
     env = os.environ
     p = argparse.ArgumentParser(prog="python -m rose_gateway", allow_abbrev=False,
                                 description="OpenAI-compatible HTTP gateway in front of rose's Triton servers. "
-                                            "API key: $API_KEY or --api-key-file; Triton's admin key: $ROSE_ADMIN_KEY")
+                                            "API key: $API_KEY or --api-key-file")
     p.add_argument("--api-key", "--admin-key", nargs="?", action=_NoKeyOnTheCommandLine, help=argparse.SUPPRESS)
     p.add_argument("--triton-urls", default=env.get("TRITON_URLS", "127.0.0.1:8001"),
                    help="gRPC host:port of each Triton replica, comma-separated ($TRITON_URLS)")
@@ -108,6 +106,5 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
     args.pop("owner")
     key_file = args.pop("api_key_file")
     args["api_key"] = read_key_file(key_file) if key_file else (env.get("API_KEY") or None)
-    args["admin_key"] = env.get("ROSE_ADMIN_KEY") or None
     settings = GatewaySettings(**args)
     return settings, log_level

@@ -1,6 +1,6 @@
 """What the Triton replicas serve right now: readiness for GET /health, and whether a `rerank` model
 is there (looked up at most every `cache_s` seconds), through tritonclient's asyncio gRPC client.
-Every call carries the API key; the model-config request (Triton's control plane) the admin key too.
+Every call carries the API key (Triton serves model configurations to whoever may infer).
 Replicas are named "replica 0", "replica 1", ... in what this reports (no internal addresses)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 from tritonclient.grpc.aio import InferenceServerClient
 
-from rose_client.auth import grpc_admin_headers, grpc_api_key_headers
+from rose_client.auth import grpc_api_key_headers
 from rose_gateway.errors import redact
 
 EMBED_MODELS = ("embed", "tokenize", "rose")
@@ -18,11 +18,9 @@ log = logging.getLogger("rose_gateway")
 
 
 class TritonState:
-    def __init__(self, urls: list[str], timeout: float = 2.0, cache_s: float = 5.0, api_key: str | None = None,
-                 admin_key: str | None = None):
+    def __init__(self, urls: list[str], timeout: float = 2.0, cache_s: float = 5.0, api_key: str | None = None):
         self.urls, self.timeout, self.cache_s = urls, timeout, cache_s
         self._headers = grpc_api_key_headers(api_key)
-        self._admin_headers = grpc_admin_headers(admin_key, api_key)
         self._config_warned: set[str] = set()       # replicas whose model config was refused (logged once)
         self._clients: dict[str, InferenceServerClient] = {}
         self._rerank: tuple[float, bool] = (-1e9, False)
@@ -53,7 +51,7 @@ class TritonState:
         ...) from the first replica that answers; None when none does."""
         for url in self.urls:
             try:
-                cfg = await self._client(url).get_model_config("tokenize", headers=self._admin_headers, as_json=True,
+                cfg = await self._client(url).get_model_config("tokenize", headers=self._headers, as_json=True,
                                                                client_timeout=self.timeout)
             except Exception as e:
                 (log.debug if url in self._config_warned else log.warning)(

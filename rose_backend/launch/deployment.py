@@ -4,7 +4,10 @@ the models a model folder is served with, and each server's ports.
 An embedding folder with a reranker folder beside it (`make serve RERANKER=...`) is served from a
 generated repository (reranker_repository): the embedding models as ever, plus `rerank_tokenize` and
 `rerank_rose` (copies of `tokenize` and `rose`, their settings included, with model_dir and model_kind
-set to the reranker folder's) and a `rerank` ensemble over them."""
+set to the reranker folder's) and a `rerank` ensemble over them. Their model_dir parameters name no
+local path (Triton serves model configurations to inference callers): the embedding models read
+$ROSE_MODEL_DIR as ever, the reranker's steps $ROSE_RERANKER_DIR (RERANKER_DIR_VARIABLE), which the
+server's environment carries."""
 from __future__ import annotations
 
 import json
@@ -23,6 +26,7 @@ RERANK_MODELS = ("tokenize", "rose", "rerank")
 # a reranker beside an embedding model: its own steps, {name: the model it is a copy of}
 RERANKER_STEPS = {"rerank_tokenize": "tokenize", "rerank_rose": "rose"}
 WITH_RERANKER = MODELS + (*RERANKER_STEPS, "rerank")
+RERANKER_DIR_VARIABLE = "ROSE_RERANKER_DIR"
 
 
 def folder_kind(folder: str | Path | None, kind: str | None = None) -> str:
@@ -53,14 +57,13 @@ def served_models(model_dir: str | None, env: dict | None = None, reranker: str 
     return WITH_RERANKER
 
 
-def reranker_repository(src: Path, dest: Path, model_dir: str | None, reranker: str) -> Path:
-    """A copy of the repository `src` at `dest` that serves the embedding folder model_dir (None: the
-    default model) and the reranker folder side by side (see the module docstring); both folders'
-    model_dir and model_kind are written into their models' parameters."""
-    from rose_backend.config import resolve_model_dir
-    embedding = {"model_dir": str(resolve_model_dir(model_dir)), "model_kind": "embedding"}
+def reranker_repository(src: Path, dest: Path, reranker: str) -> Path:
+    """A copy of the repository `src` at `dest` that serves the embedding folder ($ROSE_MODEL_DIR, else
+    the default model) and the reranker folder ($ROSE_RERANKER_DIR in the server's environment) side by
+    side (see the module docstring); both folders' kinds are written into their models' parameters."""
+    embedding = {"model_dir": "", "model_kind": "embedding"}
     repository_copy(src, dest, {"tokenize": embedding, "rose": embedding})
-    own = {"model_dir": str(resolve_model_dir(reranker)), "model_kind": folder_kind(reranker, "auto")}
+    own = {"model_dir": "$" + RERANKER_DIR_VARIABLE, "model_kind": folder_kind(reranker, "auto")}
     for name, base in RERANKER_STEPS.items():
         shutil.copytree(dest / base, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         edit_model_config(dest / name / "config.pbtxt", name=name, parameters=own)

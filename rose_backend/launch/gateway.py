@@ -5,9 +5,8 @@ by its command line (`python -m rose_gateway`), so the launcher imports nothing 
         print(gw.url)                                           # http://127.0.0.1:8080
 
 Keys go by environment only, never on its command line (a process listing would show them):
-api_key as API_KEY (required on /v1/* and sent to Triton; None: the child gets no API_KEY),
-admin_key as ROSE_ADMIN_KEY (Triton's control plane, for the gateway's model-config request; None:
-the child inherits whatever ROSE_ADMIN_KEY this process has). drain_timeout: the gateway's
+api_key as API_KEY (required on /v1/* and sent to Triton; None: the child gets no API_KEY). The
+gateway never gets the admin key: it reads only what inference callers may read. drain_timeout: the gateway's
 --drain-timeout (seconds requests in flight get at SIGTERM); stop() kills it STOP_MARGIN_S later.
 """
 from __future__ import annotations
@@ -30,10 +29,10 @@ STOP_MARGIN_S = 3.0
 class GatewayProcess(ChildProcess):
     def __init__(self, triton_urls: str | list[str], port: int = 8080, host: str = "127.0.0.1",
                  model_dir: str | None = None, api_key: str | None = None, extra_args: list[str] | None = None,
-                 log_file: str | Path | None = None, admin_key: str | None = None, drain_timeout: float | None = None):
+                 log_file: str | Path | None = None, drain_timeout: float | None = None):
         self.urls = triton_urls if isinstance(triton_urls, str) else ",".join(triton_urls)
         self.port, self.host, self.model_dir, self.api_key = port, host, model_dir, api_key
-        self.admin_key, self.drain_timeout = admin_key, drain_timeout
+        self.drain_timeout = drain_timeout
         self.extra_args, self.log_file = extra_args or [], log_file
         self.proc = None
 
@@ -46,11 +45,10 @@ class GatewayProcess(ChildProcess):
         paths = [str(REPO_ROOT / "gateway"), str(REPO_ROOT / "client"), str(REPO_ROOT)]
         env["PYTHONPATH"] = ":".join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.pop("API_KEY", None)
-        env.pop("ADMIN_KEY", None)                 # the launcher's; the gateway reads ROSE_ADMIN_KEY
+        for var in ("ADMIN_KEY", "ROSE_ADMIN_KEY"):  # the control plane's key stays with the launcher
+            env.pop(var, None)
         if self.api_key:
             env["API_KEY"] = self.api_key          # by environment: kept out of `ps`
-        if self.admin_key:
-            env["ROSE_ADMIN_KEY"] = self.admin_key
         # --owner: the prefix TritonProcess puts on its servers (rose_<pid>_), so whoever started this
         # gateway finds it in the process table (the tests' leak check)
         cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,

@@ -1,11 +1,13 @@
 """The keys a deployment runs with, and the Triton options that require them.
 
-- The API key (env API_KEY, or the first line of --api-key-file): Triton's inference and metadata
-  (HTTP and gRPC) and the gateway's /v1/* require it. None: both are open, as before.
+- The API key (env API_KEY, or the first line of --api-key-file): what a caller who may infer needs
+  on Triton (inference, model metadata, model configuration, statistics; HTTP and gRPC) and on the
+  gateway's /v1/*. None: all of it is open (perf_analyzer and Model Analyzer read a model's
+  configuration and statistics; reading them changes nothing).
 - The admin key (env ADMIN_KEY, else a fresh random one per start): Triton's control plane (model
-  repository: load / unload; model configuration; shared memory; statistics; trace; logging). It
-  is always required: without it anyone who reaches Triton's ports could load a model whose
-  model.py they send (a repository load with a file override).
+  repository: load / unload; shared memory; trace; logging). It is always required: without it
+  anyone who reaches Triton's ports could load a model whose model.py they send (a repository load
+  with a file override).
 
 Both are checked with rose_client.auth.check_key (the form Triton's command line can carry) and
 never printed. Triton takes them only on its command line; rose_backend.launch.argv_scrub hides them from
@@ -19,8 +21,8 @@ from dataclasses import dataclass, field
 
 from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key, read_key_file
 
-CONTROL_PLANE = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
-DATA_PLANE = ("inference", "metadata")
+CONTROL_PLANE = ("model-repository", "shared-memory", "trace", "logging")
+DATA_PLANE = ("inference", "metadata", "model-config", "statistics")
 KEY_VARIABLES = ("API_KEY", "ADMIN_KEY", "ROSE_ADMIN_KEY")     # kept out of tritonserver's environment
 
 
@@ -50,8 +52,9 @@ def launch_keys(env: dict, api_key_file: str | None = None) -> Keys:
 
 
 def restricted_args(api_key: str | None, admin_key: str) -> list[str]:
-    """tritonserver options: the control plane under the admin key, inference and metadata under
-    the API key when there is one (HTTP and gRPC alike). Health stays open (probes, readiness)."""
+    """tritonserver options: the control plane under the admin key, the data plane (inference,
+    metadata, model config, statistics) under the API key when there is one (HTTP and gRPC alike).
+    Health stays open (probes, readiness)."""
     args = []
     for plane, name, value in ((CONTROL_PLANE, ADMIN_KEY_NAME, admin_key), (DATA_PLANE, API_KEY_NAME, api_key)):
         if value:
@@ -75,5 +78,5 @@ def exposure_warning(address: str, api_key: str | None) -> str | None:
     if api_key or is_loopback(address):
         return None
     return (f"rose: WARNING: serving on {address} without an API key: anyone who reaches these ports can "
-            f"embed (gRPC, HTTP gateway) and read the model's metadata. Set API_KEY (or --api-key-file) to "
+            f"embed (gRPC, HTTP gateway) and read the models' metadata, configuration and statistics. Set API_KEY (or --api-key-file) to "
             f"require a key, or bind 127.0.0.1")

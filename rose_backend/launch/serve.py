@@ -46,19 +46,19 @@ def stop_all(servers: list, gateway: GatewayWatch | None = None) -> None:
 
 
 def gateway_watch(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
-                  admin_key: str | None = None, drain_timeout: float | None = None) -> GatewayWatch | None:
+                  drain_timeout: float | None = None) -> GatewayWatch | None:
     """A watch over the OpenAI-compatible HTTP gateway (rose_gateway, started by its command line) in
     front of the servers, not started yet; None when port is 0."""
     if not port:
         return None
-    return GatewayWatch(lambda: GatewayProcess(urls, port, address, model, api_key=api_key, admin_key=admin_key,
+    return GatewayWatch(lambda: GatewayProcess(urls, port, address, model, api_key=api_key,
                                                drain_timeout=drain_timeout).start())
 
 
 def start_gateway(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
-                  admin_key: str | None = None, drain_timeout: float | None = None) -> "GatewayProcess | None":
+                  drain_timeout: float | None = None) -> "GatewayProcess | None":
     """The gateway, started and serving on its port (unwatched: for benchmarks); None when port is 0."""
-    watch = gateway_watch(port, address, model, urls, api_key, admin_key, drain_timeout)
+    watch = gateway_watch(port, address, model, urls, api_key, drain_timeout)
     if watch is None:
         return None
     try:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers:
             s.wait_ready()
         urls = ",".join(s.grpc_url for s in servers)
-        watch = gateway_watch(args.gateway_port, args.address, args.model, urls, keys.api_key, keys.admin_key,
+        watch = gateway_watch(args.gateway_port, args.address, args.model, urls, keys.api_key,
                               drain_timeout_of(args.repository))
         if watch:
             watch.start()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from rose_backend.launch.argv_scrub import options_read, scrub_argv
 from rose_backend.launch.child import ChildProcess, http_status, reachable
-from rose_backend.launch.deployment import DEFAULT_REPOSITORY, MODELS, Ports, reranker_repository, served_models
+from rose_backend.launch.deployment import (DEFAULT_REPOSITORY, MODELS, RERANKER_DIR_VARIABLE, Ports,
+                                            reranker_repository, served_models)
 from rose_backend.launch.scratch import remove_python_envs_of_dead_servers
 from rose_backend.launch.keys import KEY_VARIABLES, key_from, restricted_args
 from rose_backend.launch.supervision import (KILL_MARGIN_S, PortInUse, aborted_at_start, cache_env, check_ports_free,
@@ -31,10 +32,9 @@ from rose_client.auth import check_key
 class TritonProcess(ChildProcess):
     """One tritonserver process serving a model repository; a context manager.
 
-    Its control plane (model repository, model config, shared memory, statistics, trace, logging)
-    is restricted, over HTTP and gRPC, under `admin_key`: the one given, else $ADMIN_KEY, else a
+    Its control plane (model repository, shared memory, trace, logging) is restricted, over HTTP and gRPC, under `admin_key`: the one given, else $ADMIN_KEY, else a
     fresh random key per start (send rose_client.auth.grpc_admin_headers(srv.admin_key)). With an
-    `api_key`, inference and metadata require it as well. Health stays open. Once the server has
+    `api_key`, inference, metadata, model config and statistics require it. Health stays open. Once the server has
     read its options the keys are overwritten in its command line (argv_scrub.py)."""
 
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
@@ -103,12 +103,13 @@ class TritonProcess(ChildProcess):
         install = find_triton()
         if self.reranker and self.repository == self.source_repository:
             tmp = Path(tempfile.mkdtemp(prefix=f"rose-models-{os.getpid()}-"))
-            self.repository = reranker_repository(self.source_repository, tmp / "model_repository",
-                                                  self.model_dir or (self.env or os.environ).get("ROSE_MODEL_DIR"),
-                                                  self.reranker)
+            self.repository = reranker_repository(self.source_repository, tmp / "model_repository", self.reranker)
         if self._fixed_admin_key is None:
             self.admin_key = secrets.token_urlsafe(32)
         env = cache_env(server_env(self.model_dir, install, self.env))
+        if self.reranker:
+            from rose_backend.config import resolve_model_dir
+            env[RERANKER_DIR_VARIABLE] = str(resolve_model_dir(self.reranker))
         for var in KEY_VARIABLES:                # the server reads its keys from its options only
             env.pop(var, None)
         self.scrubbed = None

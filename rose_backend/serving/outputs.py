@@ -40,6 +40,7 @@ DIMENSIONS applies to EMBEDDINGS only, not to the ColBERT vectors.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,8 +139,8 @@ def with_token_inputs(opts: OutputOptions, inputs: dict, seq_lens: np.ndarray, l
 
 def load_ranges(path: str | Path | None, model_dir: str | Path) -> np.ndarray | None:
     """Calibration ranges [2, d] float32 from `path` (.npy or .json), else from the model folder's
-    quantization_ranges.npy / .json, else None."""
-    candidates = [Path(path)] if path else [Path(model_dir) / f for f in RANGES_FILES]
+    quantization_ranges.npy / .json, else None. `path` may name environment variables ($MODELS/r.npy)."""
+    candidates = [Path(os.path.expandvars(str(path)))] if path else [Path(model_dir) / f for f in RANGES_FILES]
     for p in candidates:
         if not p.exists():
             if path:

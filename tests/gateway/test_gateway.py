@@ -21,7 +21,7 @@ TEXTS = ["what is rose?", "Triton serves embeddings over gRPC.", "a third, somew
 @pytest.fixture(scope="module")
 def gateway(server):
     """The gateway in front of the session's default server (its "query" / "passage" prompts)."""
-    with gateway_for(server.grpc_url, "gateway", api_key=KEY, admin_key=server.admin_key) as gw:
+    with gateway_for(server.grpc_url, "gateway", api_key=KEY) as gw:
         yield gw
 
 

@@ -20,8 +20,7 @@ TEXTS = ["what is rose?", "pipelined requests are answered in order", "a third t
 
 @pytest.fixture(scope="module")
 def gw(server):
-    with gateway_for(server.grpc_url, "direct", api_key=KEY, admin_key=server.admin_key,
-                     extra_args=["--workers", "1"]) as g:
+    with gateway_for(server.grpc_url, "direct", api_key=KEY, extra_args=["--workers", "1"]) as g:
         yield g
 
 

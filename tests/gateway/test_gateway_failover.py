@@ -42,7 +42,7 @@ def stop_under_traffic(srv, gw, expect: set[int]) -> float:
 
 def test_replicas_down_then_back():
     with running_server(params=PROMPTS, name="gw-a") as a, running_server(params=PROMPTS, name="gw-b") as b, \
-            gateway_for(f"{a.grpc_url},{b.grpc_url}", "failover", admin_key=a.admin_key) as gw:
+            gateway_for(f"{a.grpc_url},{b.grpc_url}", "failover") as gw:
         assert embed(gw).status_code == 200
         # one replica stopping (SIGTERM) under traffic: the other answers every request, and the
         # stopping one is let go (its stream closed), so it exits before its 30 s exit timeout

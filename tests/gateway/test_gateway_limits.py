@@ -30,7 +30,7 @@ WORDS = "embedding server replica chunk token budget balance latency queue trito
 
 @pytest.fixture(scope="module")
 def gw(server):
-    with gateway_for(server.grpc_url, "limits", extra_args=ARGS, admin_key=server.admin_key) as g:
+    with gateway_for(server.grpc_url, "limits", extra_args=ARGS) as g:
         yield g
 
 
@@ -331,8 +331,7 @@ def test_sigterm_drains_for_drain_timeout_then_answers_503(server):
     import signal
     import threading
     ids = [[101] + [2000 + (i + j) % 500 for j in range(254)] + [102] for i in range(1000)]  # ~10 s of work here
-    with gateway_for(server.grpc_url, "limits-drain", extra_args=["--drain-timeout", "2"],
-                     admin_key=server.admin_key) as g:
+    with gateway_for(server.grpc_url, "limits-drain", extra_args=["--drain-timeout", "2"]) as g:
         answer = {}
         t = threading.Thread(target=lambda: answer.setdefault("r", embed(g, {"input": ids})))
         t.start()

@@ -16,7 +16,7 @@ TEXT_STAGES = ["body_read", "parsed", "tokenized", "sent", "answered", "response
 
 def test_each_request_is_timed_stage_by_stage(server, tmp_path, monkeypatch):
     monkeypatch.setenv("ROSE_STAGE_TIMES", str(tmp_path))
-    with gateway_for(server.grpc_url, "stages", extra_args=["--workers", "1"], admin_key=server.admin_key) as gw:
+    with gateway_for(server.grpc_url, "stages", extra_args=["--workers", "1"]) as gw:
         assert httpx.get(gw.url + "/health", timeout=30).json()["tokenizes_texts"]
         for i in range(5):
             r = httpx.post(gw.url + "/v1/embeddings", json={"input": f"text number {i}"}, timeout=60)

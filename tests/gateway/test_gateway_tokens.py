@@ -13,6 +13,7 @@ import numpy as np
 import openai
 import pytest
 from support.gateway import gateway_for
+from support.server import TritonProcess, running_server
 from support.metrics import metric, wait_idle
 
 from rose_testing.compare import cos_dist
@@ -29,7 +30,7 @@ DOCUMENT = ["Paris is the capital of France. ", "It lies on the Seine, ", "and i
 
 @pytest.fixture(scope="module")
 def gw(server):
-    with gateway_for(server.grpc_url, "tokens", extra_args=["--workers", "2"], admin_key=server.admin_key) as g:
+    with gateway_for(server.grpc_url, "tokens", extra_args=["--workers", "2"]) as g:
         yield g
 
 
@@ -88,7 +89,7 @@ def test_the_ids_are_tokenizes(server, conn):
     from rose_gateway.triton_state import TritonState
 
     async def config():
-        state = TritonState([server.grpc_url], admin_key=server.admin_key)
+        state = TritonState([server.grpc_url])
         try:
             return await state.tokenize_config()
         finally:
@@ -216,18 +217,34 @@ def _requests_200(gw) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_without_the_admin_key_texts_go_through_embed(server, conn):
-    """The tokenize settings are Triton's model config (its control plane): a gateway without the
-    admin key cannot read them, so it sends texts to `embed` (the same answers, counted with the
-    folder's tokenizer), and says so on /health."""
-    with gateway_for(server.grpc_url, "tokens-no-admin", extra_args=["--workers", "1"]) as g:
-        assert httpx.get(g.url + "/health", timeout=30).json()["tokenizes_texts"] is False
-        r = post(g, {"input": TEXTS[:2], "task": "query"})
-        assert r.status_code == 200, r.text
-        want = conn.infer("embed", [("TEXT", TEXTS[:2]), ("TASK", ["query"])]).result(120)["EMBEDDINGS"]
-        assert cos_dist(vectors(r.json()), want).max() <= 1e-6
-        r = post(g, {"input": DOCUMENT, "late_chunking": True})
-        assert r.status_code == 503 and "tokenize settings" in r.json()["error"]["message"]
+class ConfigUnderAdminKey(TritonProcess):
+    """A Triton whose operator keeps model configurations under the admin key (a gateway started on
+    its own in front of a server it does not control)."""
+
+    def command(self, install):
+        return super().command(install) + [f"--grpc-restricted-protocol=model-config:admin-key={self.admin_key}"]
+
+
+def test_without_the_tokenize_settings_texts_go_through_embed(minilm_shaped_dir):
+    """The tokenize settings are Triton's model config: a gateway that cannot read them sends texts
+    to `embed` (the same answers, counted with the folder's tokenizer), and says so on /health."""
+    with running_server(str(minilm_shaped_dir), name="config-under-admin-key", process=ConfigUnderAdminKey) as server, \
+            gateway_for(server.grpc_url, "tokens-no-config", extra_args=["--workers", "1"]) as g:
+        conn = StreamConnection(server.grpc_url)
+        try:
+            check_texts_through_embed(g, conn)
+        finally:
+            conn.close()
+
+
+def check_texts_through_embed(g, conn) -> None:
+    assert httpx.get(g.url + "/health", timeout=30).json()["tokenizes_texts"] is False
+    r = post(g, {"input": TEXTS[:2], "task": "query"})
+    assert r.status_code == 200, r.text
+    want = conn.infer("embed", [("TEXT", TEXTS[:2]), ("TASK", ["query"])]).result(120)["EMBEDDINGS"]
+    assert cos_dist(vectors(r.json()), want).max() <= 1e-6
+    r = post(g, {"input": DOCUMENT, "late_chunking": True})
+    assert r.status_code == 503 and "tokenize settings" in r.json()["error"]["message"]
 
 
 # --------------------------------------------------------------------------- random-weight folders
@@ -250,8 +267,7 @@ def test_random_weight_folders(deployments, name):
         texts = [ids_to_text(rng.integers(10, 1000, size=n)) for n in (3, 40, 700)]
     else:
         texts = [" ".join(rng.choice(WORDS, size=n)) for n in (3, 40, 700)]
-    with gateway_for(srv.grpc_url, f"tokens-{name}", extra_args=["--model", str(folder), "--workers", "1"],
-                     admin_key=srv.admin_key) as g:
+    with gateway_for(srv.grpc_url, f"tokens-{name}", extra_args=["--model", str(folder), "--workers", "1"]) as g:
         c = StreamConnection(srv.grpc_url)      # opened once the gateway's process is forked off
         try:
             for task in (None, "query"):

@@ -46,6 +46,22 @@ def launch(reranker_folder):
             run.terminate()
 
 
+def test_no_served_config_names_a_local_folder(launch, reranker_folder, default_model_dir):
+    """Model configs are open to inference callers: the generated repository names the reranker
+    folder by $ROSE_RERANKER_DIR (the server's environment), not by its path."""
+    import json
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(launch.grpc_url)
+    try:
+        configs = {m: json.dumps(client.get_model_config(m, as_json=True)) for m in ("rose", "rerank_rose",
+                                                                                        "tokenize", "rerank_tokenize")}
+    finally:
+        client.close()
+    for model, text in configs.items():
+        assert str(reranker_folder) not in text and str(default_model_dir) not in text, (model, text)
+    assert "$ROSE_RERANKER_DIR" in configs["rerank_rose"]
+
+
 def _cosine_gap(got: np.ndarray, ref: np.ndarray) -> float:
     return float(cos_dist(got, ref).max())
 

@@ -45,3 +45,13 @@ def test_missing_unexpected_and_misshapen_weights_are_named():
             ld.copy("out.weight", torch.zeros(3, 2))
     with pytest.raises(KeyError, match=r"missing .*'out.bias', 'qkv.bias\[k\]'"):
         ld.finish()
+
+
+def test_a_model_folder_may_be_named_by_an_environment_variable(tmp_path, monkeypatch):
+    """A served config names the folder as "$VAR" (no local path shows); an unset variable is named."""
+    from rose_backend.config import ModelFolderError, resolve_model_dir
+    monkeypatch.setenv("ROSE_TEST_MODELS", str(tmp_path))
+    assert resolve_model_dir("$ROSE_TEST_MODELS/bge") == (tmp_path / "bge").resolve()
+    monkeypatch.delenv("ROSE_TEST_MODELS")
+    with pytest.raises(ModelFolderError, match=r"'\$ROSE_TEST_MODELS/bge' names an environment variable"):
+        resolve_model_dir("$ROSE_TEST_MODELS/bge")

@@ -36,9 +36,8 @@ def test_a_key_on_the_command_line_is_refused_without_being_repeated(args):
 def test_the_key_comes_from_the_environment_or_a_file(tmp_path, monkeypatch):
     from rose_gateway.settings import parse_args
     monkeypatch.setenv("API_KEY", "from-the-env")
-    monkeypatch.setenv("ROSE_ADMIN_KEY", "admin-from-the-env")
     settings, _ = parse_args([])
-    assert settings.api_key == "from-the-env" and settings.admin_key == "admin-from-the-env"
+    assert settings.api_key == "from-the-env"
     assert "from-the-env" not in repr(settings)
     (tmp_path / "key").write_text("from-a-file\n")
     assert parse_args(["--api-key-file", str(tmp_path / "key")])[0].api_key == "from-a-file"
@@ -105,28 +104,29 @@ def test_with_the_key_calls_work_over_streams(restricted, shipped_sentence_model
 def test_the_gateway_sends_its_keys_to_triton(restricted, tmp_path, monkeypatch):
     key_file = tmp_path / "api-key"
     key_file.write_text(KEY + "\n")
-    monkeypatch.setenv("ROSE_ADMIN_KEY", ADMIN)           # GatewayProcess passes its environment on
+    monkeypatch.setenv("ROSE_ADMIN_KEY", ADMIN)           # an admin key in the launcher's environment
     with gateway_for(restricted.grpc_url, "restricted", extra_args=["--api-key-file", str(key_file)]) as gw:
         auth = {"Authorization": f"Bearer {KEY}"}
         r = httpx.post(gw.url + "/v1/embeddings", json={"input": TEXTS}, headers=auth, timeout=60)
         assert r.status_code == 200 and len(r.json()["data"]) == 2, r.text
         assert httpx.post(gw.url + "/v1/embeddings", json={"input": TEXTS}, timeout=60).status_code == 401
-        # the model configuration came with the admin key: the gateway knows the deployment's prompts
-        # and refuses an unknown task itself (without it, the server's refusal would answer)
+        # the model configuration came with the API key alone: the gateway knows the deployment's
+        # prompts and refuses an unknown task itself (without them, the server's refusal would answer)
         r = httpx.post(gw.url + "/v1/embeddings", json={"input": "x", "task": "nope"}, headers=auth, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value", r.text
         assert "unknown task" in r.json()["error"]["message"]
         health = httpx.get(gw.url + "/health", timeout=30).json()
-        assert health["status"] == "ready", health
+        assert health["status"] == "ready" and health["tokenizes_texts"], health
         cmdline = Path(f"/proc/{gw.proc.pid}/cmdline").read_bytes()
         assert KEY.encode() not in cmdline and ADMIN.encode() not in cmdline
+        # the control plane's key stays with the launcher: the gateway never holds it
+        assert ADMIN.encode() not in Path(f"/proc/{gw.proc.pid}/environ").read_bytes()
     log = (LOG_DIR / "gateway-restricted.log").read_text()
     assert KEY not in log and ADMIN not in log
 
 
 @pytest.mark.server
-def test_a_gateway_with_the_wrong_key_answers_503_without_it(restricted, monkeypatch):
-    monkeypatch.delenv("ROSE_ADMIN_KEY", raising=False)
+def test_a_gateway_with_the_wrong_key_answers_503_without_it(restricted):
     wrong = "not-the-key-7"
     with gateway_for(restricted.grpc_url, "restricted-wrong", api_key=wrong) as gw:
         r = httpx.post(gw.url + "/v1/embeddings", json={"input": TEXTS}, headers={"Authorization": f"Bearer {wrong}"},

@@ -1,11 +1,12 @@
 """What Triton's ports expose and what the launcher's keys cover, against real processes.
 
-- Triton's control plane (model repository, model config, shared memory, statistics, trace,
-  logging) requires the admin key on HTTP and gRPC: loading a model whose model.py a caller sends
-  (a repository load with a file override: code execution) and unloading `embed` are refused.
-  Inference and health are unchanged.
-- `make serve API_KEY=...` (the launcher with $API_KEY): the gateway's /v1/* and Triton's inference
-  require the key; no process's command line, and no line of the launch's output, carries a key;
+- Triton's control plane (model repository, shared memory, trace, logging) requires the admin key
+  on HTTP and gRPC: loading a model whose model.py a caller sends (a repository load with a file
+  override: code execution) and unloading `embed` are refused. A model's config and statistics
+  follow inference: open without an API key (perf_analyzer runs against a plain deployment), under
+  it when one is set. Health is always open.
+- `make serve API_KEY=...` (the launcher with $API_KEY): the gateway's /v1/* and Triton's inference,
+  model config and statistics require the key (perf_analyzer runs with the API key alone); no process's command line, and no line of the launch's output, carries a key;
   the printed client command works as printed.
 - Bad keys, keys on the command line and an exposed address without a key get clear messages.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -25,6 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from support.launcher import LauncherRun
+from support.perf_analyzer import WINDOWS, perf_analyzer_sh
 from tritonclient.utils import InferenceServerException
 
 from rose_backend.launch.keys import launch_keys
@@ -94,8 +97,7 @@ def test_embed_cannot_be_unloaded_and_still_serves(srv):
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("method,path", [("GET", "/v2/models/embed/config"), ("GET", "/v2/models/stats"),
-                                         ("GET", "/v2/trace/setting"), ("GET", "/v2/logging"),
+@pytest.mark.parametrize("method,path", [("GET", "/v2/trace/setting"), ("GET", "/v2/logging"),
                                          ("GET", "/v2/systemsharedmemory/status"), ("POST", "/v2/repository/index")])
 def test_the_control_plane_needs_the_admin_key_over_http(srv, method, path):
     code, text = http(srv, method, path)
@@ -108,9 +110,7 @@ def test_the_control_plane_needs_the_admin_key_over_http(srv, method, path):
 @pytest.mark.server
 def test_the_control_plane_needs_the_admin_key_over_grpc(srv):
     client = grpcclient.InferenceServerClient(srv.grpc_url)
-    calls = {"config": lambda h: client.get_model_config("embed", headers=h),
-             "statistics": lambda h: client.get_inference_statistics(headers=h),
-             "trace": lambda h: client.get_trace_settings(headers=h),
+    calls = {"trace": lambda h: client.get_trace_settings(headers=h),
              "logging": lambda h: client.get_log_settings(headers=h),
              "shared memory": lambda h: client.get_system_shared_memory_status(headers=h),
              "repository": lambda h: client.get_model_repository_index(headers=h)}
@@ -122,14 +122,28 @@ def test_the_control_plane_needs_the_admin_key_over_grpc(srv):
 
 
 @pytest.mark.server
-def test_inference_metadata_and_health_stay_open_without_an_api_key(srv):
-    for path in ("/v2/health/ready", "/v2/health/live", "/v2/models/embed/ready", "/v2/models/embed", "/v2"):
+def test_inference_metadata_config_statistics_and_health_are_open_without_an_api_key(srv):
+    for path in ("/v2/health/ready", "/v2/health/live", "/v2/models/embed/ready", "/v2/models/embed", "/v2",
+                 "/v2/models/rose/config", "/v2/models/stats", "/v2/models/embed/stats"):
         assert http(srv, "GET", path)[0] == 200, path
     body = {"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}
     code, text = http(srv, "POST", "/v2/models/tokenize/infer", body)
     assert code == 200 and "INPUT_IDS" in text
     client = grpcclient.InferenceServerClient(srv.grpc_url)
     assert client.is_server_ready() and client.is_model_ready("embed")
+    assert client.get_model_config("rose", as_json=True)["config"]["name"] == "rose"
+    assert client.get_inference_statistics("embed", as_json=True)["model_stats"][0]["name"] == "embed"
+    client.close()
+
+
+@pytest.mark.server
+def test_a_served_config_names_no_local_path(srv, default_model_dir):
+    """Every model's config is open to inference callers: none names a folder of this machine (the
+    model folder comes from the server's environment)."""
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    for model in srv.models:
+        text = json.dumps(client.get_model_config(model, as_json=True))
+        assert str(ROOT) not in text and str(default_model_dir) not in text and "/tmp/" not in text, (model, text)
     client.close()
 
 
@@ -216,9 +230,14 @@ def test_make_serve_with_api_key_requires_it_on_triton(keyed_launch):
         client.infer("tokenize", [ids])
     assert client.infer("tokenize", [ids], headers=grpc_api_key_headers(API_KEY)).as_numpy("INPUT_IDS").size == 3
     assert client.is_model_ready("embed")                                       # health stays open
+    for read in (lambda h: client.get_model_config("embed", headers=h),         # config and statistics: the
+                 lambda h: client.get_inference_statistics("embed", headers=h)):  # API key's, like inference
+        with pytest.raises(InferenceServerException, match="triton-grpc-protocol-api-key"):
+            read(None)
+        assert read(grpc_api_key_headers(API_KEY)) is not None
     with pytest.raises(InferenceServerException, match="admin-key"):            # the API key is not the admin's
-        client.get_model_config("embed", headers=grpc_api_key_headers(API_KEY))
-    assert client.get_model_config("embed", headers=grpc_admin_headers(ADMIN_KEY)) is not None
+        client.get_model_repository_index(headers=grpc_api_key_headers(API_KEY))
+    assert client.get_model_repository_index(headers=grpc_admin_headers(ADMIN_KEY, API_KEY)) is not None
     client.close()
     with EmbeddingClient(keyed_launch.grpc_url) as c, pytest.raises(AccessDenied):
         c.embed(["hello"])
@@ -229,6 +248,17 @@ def test_make_serve_with_api_key_requires_it_on_triton(keyed_launch):
     assert http(srv, "POST", "/v2/models/tokenize/infer", body)[0] == 403
     assert http(srv, "POST", "/v2/models/tokenize/infer", body, http_api_key_headers(API_KEY))[0] == 200
     assert http(srv, "GET", "/v2/health/ready")[0] == 200
+
+
+@pytest.mark.server
+def test_perf_analyzer_needs_the_api_key_alone(keyed_launch):
+    """perf_analyzer reads the model's metadata and config, then infers: with the API key header
+    (benchmarks/perf_analyzer.sh sends $API_KEY) it runs, without it it is refused."""
+    r = perf_analyzer_sh(keyed_launch.grpc_url, *WINDOWS, env={"API_KEY": API_KEY})
+    assert r.returncode == 0 and re.search(r"Throughput: [0-9.]+ infer/sec", r.stdout), r.stdout[-2000:] + r.stderr[-2000:]
+    refused = perf_analyzer_sh(keyed_launch.grpc_url, *WINDOWS)
+    assert refused.returncode != 0 and "triton-grpc-protocol-api-key" in refused.stdout + refused.stderr, \
+        refused.stdout[-2000:] + refused.stderr[-2000:]
 
 
 @pytest.mark.server

@@ -14,6 +14,7 @@ import pytest
 
 from rose_client import EmbeddingClient, ServerError, StreamConnection
 from rose_testing.compare import cos_dist
+from support.perf_analyzer import WINDOWS, perf_analyzer_sh
 
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,13 +227,18 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path, shipped_sentence_model):
 
 
 def test_perf_analyzer_script_takes_url_then_perf_analyzer_options(server):
-    """README's command line: the URL, then perf_analyzer's own options (no input file between).
-
-    Windows of a request count, not of time: on a loaded CI machine a 300 ms window once closed
-    before its first request came back ("No valid requests recorded within time interval")."""
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "perf_analyzer.sh"), server.grpc_url,
-                        "--concurrency-range", "1:2", "--measurement-mode", "count_windows",
-                        "--measurement-request-count", "10", "-r", "3", "--stability-percentage", "999"],
-                       capture_output=True, text=True, timeout=180, env={**os.environ, "ADMIN_KEY": server.admin_key})
+    """README's command line, against a deployment started without any key: the URL, then
+    perf_analyzer's own options (no input file between). perf_analyzer reads the model's config,
+    which Triton serves to whoever may infer."""
+    r = perf_analyzer_sh(server.grpc_url, "--concurrency-range", "1:2", *WINDOWS)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     assert "Concurrency: 1," in r.stdout and "Concurrency: 2," in r.stdout, r.stdout[-2000:]
+    assert "Composing models:" not in r.stdout          # `rose` itself, not the ensemble
+
+
+def test_perf_analyzer_measures_embed_with_a_text_input_file(server):
+    """The model follows the input file: a TEXT file goes to `embed` (the ensemble), no key needed."""
+    r = perf_analyzer_sh(server.grpc_url, str(ROOT / "benchmarks" / "inputs" / "embed_1x128w.json"), *WINDOWS)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", r.stdout), r.stdout[-2000:]
+    assert "Composing models:" in r.stdout and "tokenize_batched, version" in r.stdout, r.stdout[-2000:]

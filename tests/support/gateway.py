@@ -13,13 +13,11 @@ PROMPTS = {"tokenize": {"prompts": '{"query": "query: ", "passage": "passage: "}
 
 
 @contextlib.contextmanager
-def gateway_for(grpc_url: str, name: str, api_key: str | None = None, extra_args: list[str] | None = None,
-                admin_key: str | None = None):
-    """admin_key: the server's (TritonProcess.admin_key), with which the gateway reads the deployment's
-    tokenize settings and tokenizes texts itself; without it texts go through `embed`."""
+def gateway_for(grpc_url: str, name: str, api_key: str | None = None, extra_args: list[str] | None = None):
+    """A gateway in front of grpc_url (it reads the deployment's tokenize settings and tokenizes texts
+    itself), logging to tests/.logs/gateway-<name>.log."""
     LOG_DIR.mkdir(exist_ok=True)
     log = LOG_DIR / f"gateway-{name}.log"
     log.unlink(missing_ok=True)
-    with GatewayProcess(grpc_url, free_port(), api_key=api_key, extra_args=extra_args, log_file=log,
-                        admin_key=admin_key) as gw:
+    with GatewayProcess(grpc_url, free_port(), api_key=api_key, extra_args=extra_args, log_file=log) as gw:
         yield gw

@@ -12,8 +12,8 @@ Leaving `running_servers` stops its servers in a background thread (tritonserver
 ~4 s here, time the next tests use); `wait_stopped()`, called at session end before the leak check of
 conftest.py, joins them. A test about stopping calls `srv.stop()` itself.
 `free_ports()` picks unused loopback ports (support/ports.py: a block of its own per xdist worker); logs go to tests/.logs/ (git-ignored) so a failing
-test can say where to look. Triton's control plane (statistics, model config, repository, trace,
-logging) needs each server's admin key: rose_client.auth.grpc_admin_headers(srv.admin_key) as gRPC
+test can say where to look. Triton's control plane (repository, shared memory, trace, logging)
+needs each server's admin key: rose_client.auth.grpc_admin_headers(srv.admin_key) as gRPC
 headers, {"admin-key": srv.admin_key} over HTTP; `api_key` starts servers that require an API key.
 Every server runs a private copy of the repository, with one instance of each tokenize model
 (TEST_INSTANCES); `params` rewrites config.pbtxt parameters of the served models in it,
@@ -80,9 +80,9 @@ def repository_with(params: dict[str, dict[str, str]] | None, dest: Path) -> Pat
 @contextlib.contextmanager
 def running_servers(n: int, model_dir: str | None = None, params: dict | None = None, name: str = "server",
                     env: dict | None = None, timeout: float = 300.0, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S,
-                    api_key: str | None = None):
+                    api_key: str | None = None, process: type[TritonProcess] = TritonProcess):
     """n tritonservers of one repository, started side by side; all stopped (in parallel, in the
-    background: stop_in_background) on exit."""
+    background: stop_in_background) on exit. process: TritonProcess or a subclass of it."""
     LOG_DIR.mkdir(exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="rose-repo-")            # removed once the servers have exited
     servers: list[TritonProcess] = []
@@ -91,7 +91,7 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
         for _ in range(n):
             log = LOG_DIR / f"{name}-{WORKER}{next(_counter)}.log"
             log.unlink(missing_ok=True)
-            servers.append(TritonProcess(model_dir, repo, free_ports(), log_file=log, exit_timeout=exit_timeout,
+            servers.append(process(model_dir, repo, free_ports(), log_file=log, exit_timeout=exit_timeout,
                                          env={**os.environ, **(env or {})}, api_key=api_key).start())
         for s in servers:
             s.wait_ready(timeout)
@@ -103,6 +103,6 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
 @contextlib.contextmanager
 def running_server(model_dir: str | None = None, params: dict | None = None, name: str = "server",
                    timeout: float = 300.0, env: dict | None = None, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S,
-                   api_key: str | None = None):
-    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout, api_key) as (srv,):
+                   api_key: str | None = None, process: type[TritonProcess] = TritonProcess):
+    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout, api_key, process) as (srv,):
         yield srv
