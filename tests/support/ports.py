@@ -20,7 +20,9 @@ from pathlib import Path
 
 from rose_backend.launch.deployment import Ports
 
-FIRST_PORT = 10000           # below: the well-known services' neighbourhood
+# below: the well-known services' neighbourhood; $ROSE_TEST_FIRST_PORT moves the blocks up, so that
+# two test runs on one machine (two checkouts) never share a port
+FIRST_PORT = int(os.environ.get("ROSE_TEST_FIRST_PORT") or 10000)
 
 
 def _ephemeral_start() -> int:
