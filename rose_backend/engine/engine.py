@@ -14,11 +14,19 @@ real tokens only), copied back into pinned buffers of the step's slot (reused: v
 round again, as the dense rows' buffer). A batch asking for "hidden" gets every real token's final hidden
 states the same way ({"hidden": [T, H] f32}: what late chunking pools over token spans), again from a graph
 of its own.
+
+A lone sequence (the online query) has a shorter way once its configuration's graph is captured:
+`lone_run(tokens)` prepares it once per length and `run_lone(run, ids)` stages the ids into a pinned
+buffer of its own, replays, copies the row back and waits for it, on the calling thread: a handful of
+calls, no slot, no handle, no per-request allocation (the service runs it when nothing else is in
+flight, serving/service.py).
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -28,7 +36,7 @@ from rose_backend.engine.batch import HEAD_OUTPUTS, PackedBatch, graph_tags, row
 from rose_backend.engine.graph_cache import GraphCache, Key, bucket_limits
 from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.memory_budget import check_fits, device_limit, engine_budget
-from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
+from rose_backend.engine.staging import LONE_TEMPLATE_MAX_TOKENS, DeviceViews, Layout, Slot, lone_template, stage, stage_lone
 from rose_backend.engine.stats import EngineStats
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
@@ -39,6 +47,20 @@ from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LoneRun:
+    """Everything a lone sequence of `tokens` tokens needs that does not change between requests."""
+    tokens: int
+    layout: Layout
+    backend: str
+    graph_key: tuple
+    meta: AttentionMetadata            # planned before every replay (flashinfer keeps an unchanged plan)
+    inputs: torch.Tensor               # the configuration's device input words
+    staging: torch.Tensor              # the same words of the engine's lone pinned buffer
+    template: np.ndarray | None        # staged words but the ids (small layouts), else None: stage_lone
+    out_row: torch.Tensor | None = None   # the graph's first output row, once captured
 
 
 class Engine:
@@ -121,6 +143,13 @@ class Engine:
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
         self._slots = [Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
         self._next_slot = 0
+        # the lone path's own pinned buffers (run_lone): inputs of the largest one-sequence layout, one output row
+        self._lone_runs: dict[int, LoneRun | None] = {}
+        self._lone_staging = torch.zeros(Layout(1, tb).words, dtype=torch.int32, pin_memory=cuda)
+        self._lone_np = self._lone_staging.numpy()
+        self._lone_out: torch.Tensor | None = None             # [1, D] float32, made at the first capture seen
+        self._lone_out_np: np.ndarray | None = None
+        self._lone_done = torch.cuda.Event() if cuda else None
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
         self.last_marks: list[tuple[str, int]] = []
@@ -246,18 +275,7 @@ class Engine:
         if marks is not None:
             marks.append(("staged", time.perf_counter_ns()))
         be = self._use(self.backend_for(sb, tb))
-        # max_seqlen is baked into captured launches: a fixed bound per configuration (real
-        # sequences fit the model's positions; the dummy holds < 256 tokens of padding). Backends
-        # whose grid follows it (FlashAttention varlen) get a power-of-two bound on the batch's
-        # longest sequence as a third key element, so 100 x 512 does not launch 8192-row grids.
-        bound = min(tb, max(self.max_len, 256))
-        if be.graph_max_seqlen:
-            longest = max(batch.max_seqlen, tb - batch.num_tokens, 1)
-            bound = min(bound, max(64, 1 << (longest - 1).bit_length()))
-            key = (sb, tb, bound)
-        plan_key = key
-        if want:                        # the graph with the heads / hidden states; the attention plan is shared
-            key = (*key, *graph_tags(want))
+        bound, plan_key, key = self._graph_keys(be, key, batch.max_seqlen, batch.num_tokens, want)
         self.last_key = key
         be.plan(AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if marks is not None:
@@ -279,6 +297,102 @@ class Engine:
         else:
             st.graph_replays += 1
         return self.graphs.replay(key)
+
+    def _graph_keys(self, be: AttentionBackend, key: Key, longest: int, tokens: int, want: frozenset):
+        """(max_seqlen bound, attention plan key, graph key) of a batch in configuration `key`.
+
+        max_seqlen is baked into captured launches: a fixed bound per configuration (real sequences
+        fit the model's positions; the dummy holds < 256 tokens of padding). Backends whose grid
+        follows it (FlashAttention varlen) get a power-of-two bound on the batch's longest sequence
+        as a third key element, so 100 x 512 does not launch 8192-row grids."""
+        sb, tb = key
+        bound = min(tb, max(self.max_len, 256))
+        if be.graph_max_seqlen:
+            longest = max(longest, tb - tokens, 1)
+            bound = min(bound, max(64, 1 << (longest - 1).bit_length()))
+            key = (sb, tb, bound)
+        plan_key = key
+        if want:                        # the graph with the heads / hidden states; the attention plan is shared
+            key = (*key, *graph_tags(want))
+        return bound, plan_key, key
+
+    # ---- the lone path ----
+    def lone_run(self, tokens: int) -> LoneRun | None:
+        """The prepared run of one sequence of `tokens` tokens once its configuration's graph is
+        captured (it is run through step() before that: eagerly, then captured); None until then,
+        or where one such sequence runs no graph."""
+        run = self._lone_runs.get(tokens)
+        if run is None:
+            if tokens in self._lone_runs:
+                return None
+            run = self._lone_runs[tokens] = self._prepare_lone(tokens)
+            if run is None:
+                return None
+        if run.out_row is None:
+            e = self.graphs.captured(run.graph_key)
+            if e is None:
+                return None
+            with torch.inference_mode():
+                run.out_row = e.output[:1]                           # [1, D] float32, the sequence's row
+            if self._lone_out is None:
+                self._lone_out = torch.empty(run.out_row.shape, dtype=torch.float32,
+                                             pin_memory=self._lone_done is not None)
+                self._lone_out_np = self._lone_out.numpy()
+        return run
+
+    def _prepare_lone(self, tokens: int) -> LoneRun | None:
+        key = self.graphs.key_for(1, tokens) if self.graphs_on and self.stream is None else None
+        if key is None or not 0 < tokens <= self.max_len:
+            return None
+        be = self._backend(self.backend_for(*key))
+        if self.device.type == "cuda" and not be.supports_cuda_graphs:
+            return None
+        layout = Layout(*key)
+        bound, plan_key, graph_key = self._graph_keys(be, key, tokens, tokens, frozenset())
+        v = self._views.get(key)
+        if v is None:
+            v = self._views[key] = DeviceViews(self._static, layout)
+        staging = self._lone_staging[:layout.words]
+        meta = AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key,
+                                 cu_seqlens_host=self._lone_staging[layout.cu])
+        template = (lone_template(*key, tokens, self.cfg.pad_token_id) if layout.tb <= LONE_TEMPLATE_MAX_TOKENS
+                    else None)
+        return LoneRun(tokens, layout, be.name, graph_key, meta, v.inputs, staging, template)
+
+    def run_lone(self, run: LoneRun, ids: np.ndarray, marks: list | None = None) -> np.ndarray:
+        """One sequence (ids [run.tokens] int32) through its captured graph, waited for, on the calling
+        thread: its row [1, D] float32, a view of a pinned buffer the next run_lone overwrites. The
+        caller owns the engine meanwhile (nothing else in flight: the service's lone path)."""
+        out = self._lone_np
+        if run.template is not None:
+            out[:run.layout.words] = run.template
+            out[:run.tokens] = ids
+        else:
+            stage_lone(ids, run.layout, out, self.cfg.pad_token_id, self._arange)
+        run.inputs.copy_(run.staging, non_blocking=True)
+        if marks is not None:
+            marks.append(("staged", time.perf_counter_ns()))
+        self._use(run.backend).plan(run.meta)
+        if marks is not None:
+            marks.append(("planned", time.perf_counter_ns()))
+        e = self.graphs.entries[run.graph_key]
+        e.hits += 1
+        e.graph.replay()
+        if marks is not None:
+            marks.append(("launched", time.perf_counter_ns()))
+        self._lone_out.copy_(run.out_row, non_blocking=True)
+        if self._lone_done is not None:
+            self._lone_done.record()
+            if marks is not None:
+                marks.append(("copy_queued", time.perf_counter_ns()))
+            self._lone_done.synchronize()
+        st = self.stats
+        st.batches += 1
+        st.tokens += run.tokens
+        st.sequences += 1
+        st.graph_replays += 1
+        st.padded_tokens += run.layout.tb
+        return self._lone_out_np
 
     def _forward(self, v: DeviceViews, want: frozenset = frozenset()):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]

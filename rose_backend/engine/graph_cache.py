@@ -86,6 +86,10 @@ class CpuGraph:
         self.output = fn()
 
     def replay(self) -> None:
+        with torch.inference_mode():                # the captured output is an inference tensor
+            self._replay()
+
+    def _replay(self) -> None:
         new = self.fn()
         if isinstance(self.output, tuple):          # several outputs (the heads' graphs)
             for out, value in zip(self.output, new):
@@ -177,6 +181,11 @@ class GraphCache:
         e = self.entries[key]
         e.graph.replay()
         return e.output
+
+    def captured(self, key: Key) -> Entry | None:
+        """`key`'s entry once its graph is captured (a replay may follow without action()), else None."""
+        e = self.entries.get(key)
+        return e if e is not None and e.state == "captured" else None
 
     @property
     def num_captured(self) -> int:

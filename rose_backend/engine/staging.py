@@ -133,17 +133,38 @@ def lone_template(sb: int, tb: int, t: int, pad_id: int) -> np.ndarray:
     return out
 
 
+def stage_lone(input_ids: np.ndarray, layout: Layout, out: np.ndarray, pad_id: int, arange: np.ndarray) -> int:
+    """`stage` for one sequence (the online case): in a small layout two copies, its cached template
+    (`lone_template`) then its ids; past that, scalars and slices (no per-token index math). On the
+    GPU host each numpy call on this path costs 5-20 us."""
+    t, sb, tb = input_ids.shape[0], layout.sb, layout.tb
+    if tb <= LONE_TEMPLATE_MAX_TOKENS:
+        out[:layout.words] = lone_template(sb, tb, t, pad_id)
+        out[:t] = input_ids
+        return layout.words
+    ids, pos, seq, cu = out[layout.ids], out[layout.pos], out[layout.seq], out[layout.cu]
+    inv = out[layout.inv].view(np.float32)
+    ids[:t] = input_ids
+    ids[t:] = pad_id
+    pos[:t] = arange[:t]
+    pos[t:] = 0
+    seq[:t] = 0
+    seq[t:] = sb                                              # padding rows pool into the dummy
+    cu[0] = 0
+    cu[1:sb + 1] = t
+    cu[sb + 1] = tb
+    inv[0] = 1.0 / t
+    inv[1:] = 0.0
+    return layout.words
+
+
 def stage(batch: PackedBatch, layout: Layout, out: np.ndarray, pad_id: int, arange: np.ndarray,
           positions: np.ndarray | None = None) -> int:
     """Write `batch` padded to `layout` into `out` (a slot's int32 staging); return the words used.
-    `arange` is a cached 0..Tb-1; `positions` overrides the per-sequence positions (token types).
-    A lone sequence in a small layout (the online case) is two copies: its cached template
-    (`lone_template`), then its ids; on the GPU host each numpy call on this path costs 5-20 us."""
+    `arange` is a cached 0..Tb-1; `positions` overrides the per-sequence positions (token types)."""
     s, t, sb, tb = batch.num_seqs, batch.num_tokens, layout.sb, layout.tb
-    if s == 1 and positions is None and tb <= LONE_TEMPLATE_MAX_TOKENS:
-        out[:layout.words] = lone_template(sb, tb, t, pad_id)
-        out[:t] = batch.input_ids
-        return layout.words
+    if s == 1 and positions is None:
+        return stage_lone(batch.input_ids, layout, out, pad_id, arange)
     ids, pos, seq, cu = out[layout.ids], out[layout.pos], out[layout.seq], out[layout.cu]
     inv = out[layout.inv].view(np.float32)
     ids[:t] = batch.input_ids
@@ -151,19 +172,12 @@ def stage(batch: PackedBatch, layout: Layout, out: np.ndarray, pad_id: int, aran
     pos[t:] = 0
     seq[t:] = sb                                              # padding rows pool into the dummy
     cu[0] = 0
-    if s == 1 and positions is None:   # one sequence (the online case): scalars, no per-token index math
-        pos[:t] = arange[:t]
-        seq[:t] = 0
-        cu[1:sb + 1] = t
-        inv[0] = 1.0 / t
-        inv[1:] = 0.0
-    else:
-        lens = batch.seq_lens.astype(np.int32, copy=False)
-        pos[:t] = batch.positions() if positions is None else positions
-        seq[:t] = np.repeat(np.arange(s, dtype=np.int32), lens)
-        np.cumsum(lens, out=cu[1:s + 1])
-        cu[s + 1:sb + 1] = t                                  # empty sequences
-        inv[:s] = 1.0 / lens
-        inv[s:] = 0.0
+    lens = batch.seq_lens.astype(np.int32, copy=False)
+    pos[:t] = batch.positions() if positions is None else positions
+    seq[:t] = np.repeat(np.arange(s, dtype=np.int32), lens)
+    np.cumsum(lens, out=cu[1:s + 1])
+    cu[s + 1:sb + 1] = t                                  # empty sequences
+    inv[:s] = 1.0 / lens
+    inv[s:] = 0.0
     cu[sb + 1] = tb                                           # the dummy holds the padding
     return layout.words

@@ -47,6 +47,8 @@ class ServiceStats:
     batches: int = 0
     batch_tokens: int = 0
     oom_splits: int = 0             # batches that ran out of memory and were split and retried
+    whole_inline: int = 0           # lone requests launched, waited for and answered on the submitting thread
+    lone: int = 0                   # one-sequence requests run whole by the engine's lone path (run_lone)
 
 
 def drop_caller_objects(r) -> None:

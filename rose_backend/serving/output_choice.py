@@ -52,6 +52,12 @@ def named_none(requested, declared) -> bool:
     return not requested or requested >= frozenset(declared)
 
 
+def dense_only(requested, declared) -> bool:
+    """Whether a request without parameters gets EMBEDDINGS alone: it named none, or only it."""
+    requested = frozenset(requested)
+    return requested == DENSE or named_none(requested, declared)
+
+
 def choose_outputs(requested, parameter: str | None, declared=ALL_OUTPUTS,
                    none_means: frozenset = DENSE) -> tuple[frozenset, frozenset]:
     """(names to send, token outputs the engine computes); see the module docstring for the rule.

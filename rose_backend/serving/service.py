@@ -20,11 +20,18 @@ of buffers the engine reuses), and every request when response_threads is 0.
 
 Inline launch (`inline=True`; the pattern: inline_worker.py): a request that arrives while the service
 is idle (nothing queued, nothing in flight, nothing being launched) and fits in one batch is launched
-by the submitting thread itself, so its forward pass starts without waiting for the loop thread to wake; the loop thread
-wakes while the device runs it, then collects and answers it as any batch. submit() returns right
-after the launch, so requests arriving meanwhile queue in the pool and batch as usual. (Running the
-whole request on the caller made every request of a concurrent load a batch of one: Triton hands a
-decoupled Python model the next request only when execute() returns.)
+by the submitting thread itself, so its forward pass starts without waiting for the loop thread to wake.
+- A lone interactive request (the previous submit() returned at least `backlog_us` ago) is run whole
+  there: launched, waited for, sliced and answered on the submitting thread, with no hand-over at
+  all (`stats.whole_inline` counts them).
+- A request that comes within `backlog_us` of the previous submit() returning is part of a backlog
+  (Triton hands a decoupled Python model the next request only when execute() returns): it is
+  launched and submit() returns at once, so the requests behind it queue in the pool and batch as
+  usual; the loop thread collects and answers it as any batch. (Running every request whole on the
+  caller made each request of a concurrent load a batch of one.)
+- run_lone(): the same for one sequence whose graph is captured, shorter still: the caller hands over
+  the ids alone (no Request, no batch), the engine replays its graph (Engine.run_lone) and the caller
+  answers from the row it gets back (`stats.lone` counts them).
 
 Stage timing: with a StageClock (serving/stage_clock.py) each request is marked at every stage of
 its host path, and the engine's step is split into its own stages. Failure handling (overload,
@@ -43,8 +50,8 @@ from rose_backend.serving.inline_worker import IdleInlineWorker
 from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy, LaneSettings
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.oom_retry import retry_in_halves
-from rose_backend.serving.outcomes import (CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, drop_caller_objects,
-                                           is_out_of_memory)
+from rose_backend.serving.outcomes import (CANCELLED, SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown,
+                                           drop_caller_objects, is_out_of_memory)
 from rose_backend.serving.query_lane import QueryLane, bulk_in_flight
 from rose_backend.serving.query_lane import next_batch as next_of_two
 from rose_backend.serving.responders import Responders
@@ -58,7 +65,7 @@ class EmbeddingService(IdleInlineWorker):
                  max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 1 << 20,
                  inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
                  host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
-                 release: Callable[[Request], None] | None = None, query_engine=None):
+                 release: Callable[[Request], None] | None = None, query_engine=None, backlog_us: int | None = 250):
         """Limits as the `rose` parameters of the same names, with their defaults (RoseSettings;
         tests/triton/test_settings.py holds the two together); lane_settings: a LaneSettings, or any settings
         with its fields (RoseSettings), steering the lanes; inline: run a lone request on the submitting
@@ -67,7 +74,9 @@ class EmbeddingService(IdleInlineWorker):
         reused buffers: valid in the call and the on_complete it leads to); response_threads,
         host_memory_trim: as the `rose` parameters (responders.py, memory.py); release(request): lets
         go of the caller's objects once the request is answered (default drop_caller_objects);
-        query_engine: an Engine on the same weights for interactive batches (query_lane.py), or None."""
+        query_engine: an Engine on the same weights for interactive batches (query_lane.py), or None;
+        backlog_us: an inline request is run whole unless it came this soon after the previous
+        submit() returned (None: never whole; the resolved `inline_backlog_us`)."""
         super().__init__("rose-scheduler")
         self.engine = engine
         self.on_complete = on_complete
@@ -76,6 +85,9 @@ class EmbeddingService(IdleInlineWorker):
         self.inline = inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
+        self._backlog_ns = None if backlog_us is None else int(backlog_us * 1000)
+        self._returned_ns: int | None = None                 # when submit() last returned
+        self._whole = False                                  # the inline request is run whole (submit's thread)
         self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs, bulk_threshold_tokens=lane_settings.bulk_threshold_tokens,
                                    bulk_min_share=lane_settings.bulk_min_share)
         self.lanes = LanePolicy(lane_settings.bulk_batch_tokens, lane_settings.bulk_max_inflight,
@@ -94,7 +106,53 @@ class EmbeddingService(IdleInlineWorker):
         if request.num_seqs == 0 or (request.token_outputs and self.on_piece is None):
             raise ValueError("a request needs at least one sequence" if request.num_seqs == 0 else
                              "this service takes no token-level outputs (no on_piece handler)")
-        super().submit(request)
+        try:
+            super().submit(request)
+        finally:
+            self._returned_ns = time.perf_counter_ns()
+
+    def run_lone(self, input_ids: np.ndarray, answer: Callable[[np.ndarray], None], marks: list | None = None) -> bool:
+        """One sequence of token ids (int32 [T], checked) on an idle service, whole on this thread:
+        the engine's lone run, then answer(row) with its [1, D] row (a reused buffer, valid in the
+        call). False, with nothing done, where submit() is the way: the service is not idle, the
+        request is part of a backlog or bulk, or its configuration has no graph yet. `marks`: the
+        stage clock's list, which the engine's stages join."""
+        tokens = input_ids.shape[0]
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown(SHUTTING_DOWN)
+            lane = BULK if tokens > self.scheduler.bulk_threshold_tokens else INTERACTIVE
+            if not (self._idle() and self._runs_whole(lane)):
+                return False
+            run = self.engine.lone_run(tokens)
+            if run is None:
+                return False
+            self._busy = True
+            self.stats.requests += 1
+            self.lanes.seen(INTERACTIVE, time.monotonic())
+            lane_stats = self.scheduler.stats
+            lane_stats.waited(INTERACTIVE, 0.0)
+            lane_stats.batches[INTERACTIVE] += 1
+        try:
+            try:
+                row = self.engine.run_lone(run, input_ids, marks)
+            except Exception:
+                self.stats.failed += 1
+                raise
+            self.stats.batches += 1
+            self.stats.batch_tokens += tokens
+            self.stats.lone += 1
+            self.stats.completed += 1
+            try:
+                answer(row)
+            except Exception:
+                log.exception("sending a response failed")
+            return True
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify()
+            self._returned_ns = time.perf_counter_ns()
 
     def _admit(self, request: Request) -> bool:
         lane = self.scheduler.classify(request)     # bulk queued counts against bulk only
@@ -104,14 +162,24 @@ class EmbeddingService(IdleInlineWorker):
                              f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
         self.stats.requests += 1
         self.lanes.seen(lane, time.monotonic())
-        inline = (self.inline and not self._busy and not self._running() and not self.scheduler.has_work()
-                  and request.num_tokens <= self.scheduler.max_batch_tokens
+        inline = (self._idle() and request.num_tokens <= self.scheduler.max_batch_tokens
                   and request.num_seqs <= self.scheduler.max_batch_seqs)
         if inline:
             self._busy = True
+            self._whole = self._runs_whole(lane)
         else:
             self.scheduler.add(request)
         return inline
+
+    def _idle(self) -> bool:
+        """With the lock held: a request now may run on the submitting thread (inline launch)."""
+        return self.inline and not self._busy and not self._running() and not self.scheduler.has_work()
+
+    def _runs_whole(self, lane: str) -> bool:
+        """With the lock held: an inline request of `lane` is also waited for and answered there (no
+        backlog: the previous submit() returned at least backlog_us ago)."""
+        return self._backlog_ns is not None and lane == INTERACTIVE and (
+            self._returned_ns is None or time.perf_counter_ns() - self._returned_ns >= self._backlog_ns)
 
     def _end_inline(self, request: Request) -> None:
         with self._cond:
@@ -219,11 +287,22 @@ class EmbeddingService(IdleInlineWorker):
 
     def _run_inline(self, r: Request) -> None:
         """Launch one whole request now, from the calling thread (the service is idle and owns no
-        batch); the loop thread collects and answers it, so the caller (Triton's execute) returns at
-        once and requests arriving meanwhile queue in the pool and batch as usual."""
+        batch). Run whole (_admit decided): wait for it and answer it here too. Otherwise the loop
+        thread collects and answers it, so the caller (Triton's execute) returns at once and requests
+        arriving meanwhile queue in the pool and batch as usual."""
         r.next_seq = r.num_seqs
         self.scheduler.stats.waited(r.lane, time.monotonic() - r.admitted_at)
-        self._launch(ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs))
+        batch = ScheduledBatch([Piece(r, 0, r.num_seqs, 0)], r.num_tokens, r.num_seqs)
+        if not self._whole:
+            self._launch(batch)
+            return
+        handle = self._start(batch)
+        if handle is None:                    # answered already (failed), or split after running out of memory
+            return
+        with self._cond:
+            self._count_launch(batch)
+            self.stats.whole_inline += 1
+        self._collect_one(batch, handle)      # nothing else is queued or in flight: answered on this thread
 
     def _mark(self, batch: ScheduledBatch, stage: str | None = None, engine=None) -> None:
         """Stage timing: `stage` now, or (None) the engine's own stages of the step just launched."""
@@ -237,25 +316,36 @@ class EmbeddingService(IdleInlineWorker):
         batch = batch.live()                  # a request may have failed since it was scheduled
         if batch is None:
             return
+        handle = self._start(batch, engine)
+        if handle is None:
+            return
+        with self._cond:
+            self._count_launch(batch)
+            on_query = self.query is not None and engine is self.query.engine
+            (self.query.inflight if on_query else self._inflight).append((batch, handle))   # an inline launch wakes the loop
+
+    def _start(self, batch: ScheduledBatch, engine=None):
+        """engine.step(batch): its handle, or None when the batch was answered with an error (or split
+        and retried after running out of memory) instead."""
         self._mark(batch, "scheduled")
         try:
             handle = (engine or self.engine).step(batch.pack())
         except Exception as e:
             if is_out_of_memory(e):
                 retry_in_halves(self, batch, e)
-                return
+                return None
             log.exception("forward pass failed for a batch of %d sequences / %d tokens",
                           batch.num_seqs, batch.num_tokens)
             self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
-            return
+            return None
         self._mark(batch, engine=engine)
-        with self._cond:
-            self.stats.batches += 1
-            self.stats.batch_tokens += batch.num_tokens
-            for lane in batch.lanes():
-                self.scheduler.stats.batches[lane] += 1
-            on_query = self.query is not None and engine is self.query.engine
-            (self.query.inflight if on_query else self._inflight).append((batch, handle))   # an inline launch wakes the loop
+        return handle
+
+    def _count_launch(self, batch: ScheduledBatch) -> None:
+        self.stats.batches += 1
+        self.stats.batch_tokens += batch.num_tokens
+        for lane in batch.lanes():
+            self.scheduler.stats.batches[lane] += 1
 
     def _collect(self, block: bool) -> None:
         q = self.query.inflight if self.query is not None else ()   # the query engine's batch when done
@@ -291,10 +381,13 @@ class EmbeddingService(IdleInlineWorker):
             token += t1 - t0
             if r.finished:
                 continue
-            if r.output is None:
-                r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
             n = p.last - p.first
-            r.output[p.first:p.last] = emb[p.row:p.row + n]
+            if r.output is None and n == r.num_seqs:           # the whole request: its rows of the handle's own copy
+                r.output = emb[p.row:p.row + n]
+            else:
+                if r.output is None:
+                    r.output = np.empty((r.num_seqs, emb.shape[1]), dtype=np.float32)
+                r.output[p.first:p.last] = emb[p.row:p.row + n]
             if r.token_outputs:      # token rows taken now (the buffers are reused); a failure fails r only
                 try:
                     self.on_piece(r, p.first, p.last, {k: extras[k][token - (t1 - t0):token] for k in r.token_outputs})

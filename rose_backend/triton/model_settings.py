@@ -132,6 +132,11 @@ class RoseSettings(_Settings):
                          (default auto: on for a CUDA device; on the CPU the forward pass run on the
                          stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
                          contending, so auto leaves it off there)
+    inline_backlog_us    such a request is run whole inside execute() (launched, waited for, answered:
+                         no thread at all in between) unless it came within this many microseconds of
+                         execute() last returning: then it is part of a backlog, execute() returns
+                         once it is launched, and the requests behind it are batched; -1 = never
+                         whole (default 250)
     quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
                          uint8 (default "": quantization_ranges.npy / .json in the model folder, if any)
     bulk_threshold_tokens  a request that names no `lane` (request parameter: interactive | bulk) is
@@ -155,7 +160,8 @@ class RoseSettings(_Settings):
                "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
                "gpu_memory_headroom_mb": 0, "graph_memory_mb": 0, "memory_limit_mb": 0,
                "bulk_threshold_tokens": 0, "bulk_batch_tokens": 1,
-               "bulk_max_inflight": 1, "interactive_recent_ms": 0, "fp8_min_tokens": 0}
+               "bulk_max_inflight": 1, "interactive_recent_ms": 0, "fp8_min_tokens": 0,
+               "inline_backlog_us": -1}
 
     model_dir: str = ""
     model_kind: str = ""
@@ -174,6 +180,7 @@ class RoseSettings(_Settings):
     max_request_tokens: int = 1 << 20
     drain_timeout_s: int = 20
     inline_execute: str = "auto"
+    inline_backlog_us: int = 250
     cuda_graphs: str = "auto"
     gpu_memory_headroom_mb: int = 0
     graph_memory_mb: int = 4096

@@ -9,7 +9,8 @@ query-document pair (the sequences are the pairs, tokenized by `tokenize`); TOKE
 execute() (triton/decoupled.py) validates each request, admits it into the EmbeddingService pool and
 returns None; the service's loop thread batches, runs the engine and calls back here to send each
 request exactly one response, with the FINAL flag. Bad input gets an error response at once; nothing
-else waits.
+else waits. A lone query (one sequence, no options, on an idle instance) is run and answered inside
+execute() itself (EmbeddingService.run_lone).
 
 config.pbtxt parameters: rose_backend.triton.model_settings.RoseSettings (their meaning and defaults).
 Stage timing: with $ROSE_STAGE_TIMES set to a folder, each request's host path is timed per stage
@@ -32,7 +33,7 @@ import triton_python_backend_utils as pb_utils
 from rose_backend.config import ModelConfig, resolve_model_dir
 from rose_backend.serving.lanes import parse_lane
 from rose_backend.serving.outcomes import Unavailable
-from rose_backend.serving.output_choice import parameter_kinds, refuse_unsent
+from rose_backend.serving.output_choice import dense_only, parameter_kinds, refuse_unsent
 from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_outputs, collect_piece, load_ranges,
                                           parse_options, refuse_token_inputs, special_token_ids, with_token_inputs)
 from rose_backend.serving.scheduler import Request
@@ -113,7 +114,8 @@ class RoseModel(DecoupledModel):
                 max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
                 inline=inline == "true", clock=self.clock, on_piece=on_piece,
                 response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
-                release=_release, query_engine=query_engine)
+                release=_release, query_engine=query_engine,
+                backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])
@@ -141,8 +143,12 @@ class RoseModel(DecoupledModel):
         input_ids, seq_lens = validate_tokens(ids, lens, self.limits)
         token_types = validate_token_types(None if types is None else types.as_numpy(), input_ids.size, self.limits)
         params = request_parameters(request)
-        opts = self._refuse_for_scores(request, params, inputs) if self.output_name == "SCORES" else \
-            self._options(request, params, inputs, seq_lens)
+        requested = request.requested_output_names()
+        if (seq_lens.size == 1 and len(inputs) == 2 and not params and self.output_name == "EMBEDDINGS"
+                and dense_only(requested, self.declared) and self._run_lone(input_ids, sender, received_ns, t1)):
+            return
+        opts = self._refuse_for_scores(requested, params, inputs) if self.output_name == "SCORES" else \
+            self._options(requested, params, inputs, seq_lens)
         lane = parse_lane(params.get("lane"))                # interactive | bulk | None: by size
         r = Request(input_ids, seq_lens, handle=sender, is_cancelled=request.is_cancelled, lane=lane,
                     token_outputs=opts.token_outputs if opts else frozenset(), options=opts,
@@ -161,21 +167,39 @@ class RoseModel(DecoupledModel):
             code = pb_utils.TritonError.INTERNAL
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"rose: {error}", code))
 
-    def _refuse_for_scores(self, request, params: dict, inputs: dict) -> None:
+    def _run_lone(self, input_ids, sender, received_ns: int, inputs_read_ns: int) -> bool:
+        """A lone query, run and answered on this thread (service.run_lone); False: not taken."""
+        clock = self.clock
+        holder = None
+        if clock is not None:
+            holder = _Marks([("received", received_ns), ("inputs_read", inputs_read_ns),
+                             ("validated", time.perf_counter_ns())])
+
+        def answer(row):
+            if holder is not None:
+                holder.marks.append(("result_on_host", time.perf_counter_ns()))
+            send_final(sender, pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", row)]))
+            if holder is not None:
+                holder.marks.append(("sent", time.perf_counter_ns()))
+                clock.finish(holder)
+
+        return self.service.run_lone(input_ids, answer, None if holder is None else holder.marks)
+
+    def _refuse_for_scores(self, requested, params: dict, inputs: dict) -> None:
         """A reranker answers SCORES only: other named outputs, the `outputs` parameter's kinds, late
         chunking and token counts are refused, never ignored (ValueError)."""
-        refuse_unsent(request.requested_output_names(), self.declared, frozenset({"SCORES"}), "this reranker")
+        refuse_unsent(requested, self.declared, frozenset({"SCORES"}), "this reranker")
         choice = params.get("outputs")
         if choice is not None and parameter_kinds(str(choice)):
             raise ValueError(f"request parameter 'outputs' ({choice!r}): this reranker sends SCORES only")
         refuse_token_inputs(inputs)
 
-    def _options(self, request, params: dict, inputs: dict, seq_lens) -> OutputOptions:
-        """The request's outputs, DIMENSIONS, ENCODING, late chunking and token counts
-        (serving/outputs.py, serving/output_choice.py); ValueError if bad."""
+    def _options(self, requested, params: dict, inputs: dict, seq_lens) -> OutputOptions:
+        """The request's outputs (`requested`: the names it gives), DIMENSIONS, ENCODING, late chunking
+        and token counts (serving/outputs.py, serving/output_choice.py); ValueError if bad."""
         choice = params.get("outputs")
         dims, enc = inputs.get("DIMENSIONS"), inputs.get("ENCODING")
-        opts = parse_options(request.requested_output_names(), None if choice is None else str(choice),
+        opts = parse_options(requested, None if choice is None else str(choice),
                              None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
                              self.engine.embedding_dim, self.ranges, self.engine.heads is not None, self.declared)
         return with_token_inputs(opts, {n: inputs[n].as_numpy() for n in TOKEN_INPUTS if n in inputs}, seq_lens,
@@ -215,6 +239,14 @@ class RoseModel(DecoupledModel):
 _DENSE = OutputOptions(frozenset({"EMBEDDINGS"}), frozenset())
 
 
+class _Marks:
+    """A lone request's stage marks (it has no Request object to hold them)."""
+    __slots__ = ("marks",)
+
+    def __init__(self, marks: list):
+        self.marks = marks
+
+
 def _release(r: Request) -> None:
     """The service's release of an answered request: Triton's sender and request go at once (Triton
     counts the request in flight until then), unless the server is gone (parent_watch.server_gone)."""
@@ -233,6 +265,10 @@ _COUNTERS = {  # metric name -> (description, where the value comes from)
                                       lambda m: m.service.stats.cancelled),
     "rose_oom_splits_total": ("batches that ran out of memory and were split and retried",
                               lambda m: m.service.stats.oom_splits),
+    "rose_lone_requests_total": ("one-sequence queries replayed and answered inside execute() (the lone path)",
+                                 lambda m: m.service.stats.lone),
+    "rose_whole_inline_requests_total": ("requests launched, waited for and answered inside execute() "
+                                         "through the batch path", lambda m: m.service.stats.whole_inline),
     "rose_graph_captures_refused_total": ("batches run eagerly because the graph pool had reached graph_memory_mb",
                                           lambda m: m.engine.stats.capture_refused),
 }

@@ -1,5 +1,5 @@
-"""The service's inline path (a request arriving at an idle service runs on the submitting thread),
-its responder threads (a batch's answers sent side by side) and its stage timing, with a real CPU
+"""The service's inline path (a request arriving at an idle service is launched on the submitting
+thread, and a lone one is run whole there: waited for and answered, no hand-over), its responder threads (a batch's answers sent side by side) and its stage timing, with a real CPU
 engine."""
 import json
 import threading
@@ -49,21 +49,47 @@ def pooled_behind_an_inline_step(svc, gate, first, later) -> threading.Thread:
     return t
 
 
-def test_idle_request_is_launched_by_the_submitting_thread_and_answered_by_the_loop(engine):
+def test_a_lone_request_is_run_whole_on_the_submitting_thread(engine):
+    """Launched, waited for, sliced and answered by the thread that submitted it: submit() returns
+    with the answer sent, and no other thread of the service touched it."""
     gate = Gate(engine)
     gate.open.set()
     done, where = [], []
     svc = EmbeddingService(gate, lambda r: (done.append(r), where.append(threading.current_thread().name)))
     try:
-        r = request(0)
-        svc.submit(r)
-        assert gate.threads == [threading.current_thread().name]          # launched here, no hand-over
-        assert wait_until(lambda: done == [r], 30) and where == ["rose-scheduler"]
-        want = engine.embed([r.input_ids[i * 12:(i + 1) * 12].tolist() for i in range(3)])
-        np.testing.assert_allclose(r.output, want, atol=1e-5)
-        assert svc.stats.completed == 1 and svc.stats.batches == 1
+        me = threading.current_thread().name
+        for i, r in enumerate([request(0), request(1, n=1)]):
+            if i:
+                time.sleep(0.01)                      # well past backlog_us (250 us): a lone request again
+            svc.submit(r)
+            assert done[-1] is r and where[-1] == me and gate.threads[-1] == me     # answered before submit returned
+            want = engine.embed([r.input_ids[j * 12:(j + 1) * 12].tolist() for j in range(r.num_seqs)])
+            np.testing.assert_allclose(r.output, want, atol=1e-5)
+        assert svc.stats.whole_inline == 2 and svc.stats.completed == 2 and svc.stats.batches == 2
     finally:
         svc.stop(5)
+
+
+def test_a_request_of_a_backlog_is_launched_here_and_answered_by_the_loop(engine):
+    """One that comes within backlog_us of the previous submit() returning (a backlog in Triton's
+    queue) is launched by the submitting thread, which returns at once; the loop thread answers it,
+    so requests behind it can batch. backlog_us=None never runs one whole."""
+    gate = Gate(engine)
+    gate.open.set()
+    for backlog_us, whole in ((60_000_000, 1), (None, 0)):
+        done, where = [], {}
+        svc = EmbeddingService(gate, lambda r: (done.append(r), where.__setitem__(id(r), threading.current_thread().name)),
+                               backlog_us=backlog_us)
+        try:
+            first, second = request(2), request(3)
+            svc.submit(first)
+            assert wait_until(lambda: len(done) == 1, 30)
+            svc.submit(second)                        # right after submit() returned: a backlog
+            assert gate.threads[-1] == threading.current_thread().name           # launched here
+            assert wait_until(lambda: len(done) == 2, 30) and where[id(second)] == "rose-scheduler"
+            assert svc.stats.whole_inline == whole and second.error is None
+        finally:
+            svc.stop(5)
 
 
 def test_a_concurrent_load_still_forms_batches(engine):
@@ -143,7 +169,7 @@ def test_stage_clock_times_every_stage_of_a_request(engine, tmp_path, monkeypatc
     assert abs(lines[-1]["marks"][-1][1] - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) < 60e9
 
 
-def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_the_loop_thread(engine):
+def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(engine):
     gate = Gate(engine)
     done, where, lock = [], {}, threading.Lock()
 
@@ -165,9 +191,10 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_the_loop_th
         assert len({where[id(r)][0] for r in later}) > 1                                 # side by side
         for i, r in enumerate(later):
             np.testing.assert_allclose(r.output, engine.embed([r.input_ids.tolist()]), atol=1e-5, err_msg=str(i))
-        lone = request(50)                       # the service is idle again: no hand-over
+        time.sleep(0.01)
+        lone = request(50)                       # the service is idle again: no hand-over at all
         svc.submit(lone)
-        assert wait_until(lambda: len(done) == 8, 30) and where[id(lone)] == ["rose-scheduler"]
+        assert len(done) == 8 and where[id(lone)] == [threading.current_thread().name]
     finally:
         gate.open.set()
         svc.stop(5)
@@ -209,3 +236,37 @@ def test_host_memory_is_trimmed_when_idle_and_under_a_load_only_rarely(monkeypat
     assert trims["idle"] == [30, 60, 90] + list(range(91, 121))     # busy: every 30 s; idle: every second
     with pytest.raises(ValueError, match="idle, periodic, off"):
         memory.HostMemoryTrimmer("sometimes")
+
+
+def test_run_lone_answers_one_sequence_on_the_calling_thread_once_its_graph_is_captured(minilm_shaped_dir):
+    """EmbeddingService.run_lone: not taken before the configuration's graph exists, nor while
+    anything is in flight or queued, nor for a request of a backlog; taken, it answers on the
+    calling thread with the same row as the batch path and counts the request."""
+    engine = Engine(ModelConfig.from_folder(minilm_shaped_dir), graphs=True, max_tokens=512, max_seqs=8)
+    rows = []
+    svc = EmbeddingService(engine, lambda r: None, backlog_us=200_000)
+    try:
+        r = request(70, n=1, length=40)
+        assert not svc.run_lone(r.input_ids, rows.append)               # no graph yet
+        for seed in (71, 72):                                            # eager, then captured
+            svc.submit(request(seed, n=1, length=40))
+        time.sleep(0.25)
+        me, where = threading.current_thread().name, []
+        assert svc.run_lone(r.input_ids, lambda row: (rows.append(row.copy()), where.append(threading.current_thread().name)))
+        assert not svc.run_lone(r.input_ids, rows.append)               # right after the last: a backlog
+        assert where == [me] and svc.stats.lone == 1 and svc.stats.completed == 3
+        np.testing.assert_allclose(rows[-1], engine.embed([r.input_ids.tolist()]), atol=2e-5)
+        gate = Gate(engine)                                              # a batch in flight: not taken
+        svc.engine = gate
+        t = threading.Thread(target=svc.submit, args=(request(73, n=2),))
+        t.start()
+        assert gate.entered.wait(10)
+        time.sleep(0.25)
+        assert not svc.run_lone(r.input_ids, rows.append)
+        gate.open.set()
+        t.join(30)
+        svc.engine = engine
+        time.sleep(0.25)
+        assert svc.run_lone(r.input_ids, rows.append) and svc.stats.lone == 2
+    finally:
+        svc.stop(5)
