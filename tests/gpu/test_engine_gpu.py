@@ -111,11 +111,20 @@ def _check_model(cfg, max_len, n_batches, n_hf, seed, report):
             g = graph.step(b).synchronize()
         e = eager.step(b).synchronize()
         worst_hf_g, worst_hf_e = max(worst_hf_g, float(cos_dist(g, ref).max())), max(worst_hf_e, float(cos_dist(e, ref).max()))
+    worst_lone = 0.0                                 # the lone path (run_lone) on captured one-sequence graphs
+    for n in sorted({7, 100, 128, min(max_len, 500)}):
+        ids = rng.integers(3, cfg.vocab_size, size=n).astype(np.int32)
+        for _ in range(2):                           # eager, then captured
+            graph.step(PackedBatch(ids, np.array([n], np.int32))).synchronize()
+        run = graph.lone_run(n)
+        assert run is not None, n
+        got = graph.run_lone(run, ids).copy()
+        worst_lone = max(worst_lone, float(cos_dist(got, hf.embed([ids])).max()))
     report.update(batches=len(comps), worst_graph_vs_eager=worst, worst_graph_vs_hf=worst_hf_g,
-                  worst_eager_vs_hf=worst_hf_e, seconds=time.perf_counter() - t0,
+                  worst_eager_vs_hf=worst_hf_e, worst_lone_vs_hf=worst_lone, seconds=time.perf_counter() - t0,
                   stats=str(graph.stats), backends=sorted(graph._backends))
     print(report)
-    assert worst_hf_g <= 1e-3 and worst_hf_e <= 1e-3, report
+    assert worst_hf_g <= 1e-3 and worst_hf_e <= 1e-3 and worst_lone <= 1e-3, report
 
 
 def test_default_model_real_weights():
