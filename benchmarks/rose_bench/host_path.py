@@ -70,11 +70,13 @@ def stages_in_windows(stage_dir: Path, model: str, windows: dict[str, tuple[int,
 
 
 def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: int,
-               lengths: tuple[int, ...] = (128, 512), embed_words: tuple[int, ...] = (128,)) -> dict:
+               lengths: tuple[int, ...] = (128, 512), embed_words: tuple[int, ...] = (128,),
+               rose_params: dict | None = None) -> dict:
     stage_dir = work / f"stages-{model}-{inline}"
     shutil.rmtree(stage_dir, ignore_errors=True)
     repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{model}-{inline}",
-                           {"rose": {"inline_execute": inline, "precapture": ",".join(f"1:{n}" for n in lengths)}})
+                           {"rose": {"inline_execute": inline, "precapture": ",".join(f"1:{n}" for n in lengths),
+                                     **(rose_params or {})}})
     shutil.copytree(FLOOR_REPOSITORY / "floor", repo / "floor", ignore=shutil.ignore_patterns("__pycache__"))
     ports = free_ports()
     srv = TritonProcess(str(folder), repo, ports, log_file=work / f"triton-{model}-{inline}.log",
@@ -82,7 +84,7 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
                         models=served_models(str(folder)) + ("floor",))
     t0 = time.monotonic()
     srv.start()
-    out: dict = {"inline_execute": inline}
+    out: dict = {"inline_execute": inline, "rose_params": rose_params or {}}
     try:
         srv.wait_ready(timeout=420)
         out["ready_s"] = round(time.monotonic() - t0, 1)
@@ -153,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=16, help="concurrent clients of the embed 512-word run (0: none)")
     ap.add_argument("--work", default="/tmp/rose-host-path")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--rose-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a `rose` config.pbtxt parameter of every server started (repeatable)")
     args = ap.parse_args(argv)
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +170,8 @@ def main(argv=None) -> int:
             try:
                 result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms,
                                                                          tuple(int(n) for n in args.lengths.split(",")),
-                                                                         tuple(int(w) for w in args.embed_words.split(",")))
+                                                                         tuple(int(w) for w in args.embed_words.split(",")),
+                                                                         dict(kv.split("=", 1) for kv in args.rose_param))
             except Exception as e:
                 result["runs"][f"{model}/inline={inline}"] = {"error": f"{type(e).__name__}: {e}"}
             (out / "host_path.json").write_text(json.dumps(result, indent=1))

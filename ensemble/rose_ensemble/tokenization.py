@@ -8,9 +8,9 @@ Prompts come from the model's config_sentence_transformers.json ("prompts", "def
 and may be overridden or extended by the deployment ("fallback" prompts fill in only the names
 the model lacks: the shipped deployment names "query" and "passage" that way). The prompt is prepended to the text before
 tokenizing and truncation applies to the whole (as sentence-transformers does), at the model's
-max_seq_length. Encoding runs in Rust (tokenizers' encode_batch), which releases the GIL; one text
-alone is encoded on the calling thread (tokenizers' encode): encode_batch hands even one text to its
-thread pool and waits for a pool thread to wake, which on a many-core host costs more than the text.
+max_seq_length. Encoding runs in Rust (tokenizers' encode_batch), which releases the GIL. (One text
+alone through tokenizers' single `encode` was slower inside the H200 host's stub: 405 against 302 us
+for a 128-word text, RESULTS-tokenize.md.)
 
     ids, lens, counts = tok.encode_counted(texts)     # counts: each text's tokens before truncation
 
@@ -143,10 +143,7 @@ class TextTokenizer:
         `counted` entry is true, (ids, lens, counts int32 [n]) with each text's tokens before
         truncation (prompt and special tokens included)."""
         flat = requests[0] if len(requests) == 1 else [t for texts in requests for t in texts]
-        if len(flat) == 1:
-            encodings = [self.tokenizer.encode(flat[0], add_special_tokens=True)]
-        else:
-            encodings = self.encode_batch(flat, add_special_tokens=True)
+        encodings = self.encode_batch(flat, add_special_tokens=True)
         out, start = [], 0
         for k, texts in enumerate(requests):
             mine = encodings[start:start + len(texts)]

@@ -16,10 +16,11 @@ states the same way ({"hidden": [T, H] f32}: what late chunking pools over token
 of its own.
 
 A lone sequence (the online query) has a shorter way once its configuration's graph is captured:
-`lone_run(tokens)` prepares it once per length and `run_lone(run, ids)` stages the ids into a pinned
-buffer of its own, replays, copies the row back and waits for it, on the calling thread: a handful of
-calls, no slot, no handle, no per-request allocation (the service runs it when nothing else is in
-flight, serving/service.py).
+`lone_run(tokens)` prepares it once per length; `launch_lone(run, ids)` stages the ids into a pinned
+buffer of its own, copies them in, replays and queues the row's copy back, and `wait_lone()` waits
+for that row: a handful of calls (the copies and the wait single driver calls, cuda_copy.py), no
+slot, no handle, no per-request allocation (the service runs it when nothing else is in flight,
+serving/service.py).
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class LoneRun:
     staging: torch.Tensor              # the same words of the engine's lone pinned buffer
     template: np.ndarray | None        # staged words but the ids (small layouts), else None: stage_lone
     out_row: torch.Tensor | None = None   # the graph's first output row, once captured
+    pointers: tuple = ()               # (inputs, staging, bytes, out_row, out bytes) for the driver copies
 
 
 class Engine:
@@ -149,7 +151,11 @@ class Engine:
         self._lone_np = self._lone_staging.numpy()
         self._lone_out: torch.Tensor | None = None             # [1, D] float32, made at the first capture seen
         self._lone_out_np: np.ndarray | None = None
-        self._lone_done = torch.cuda.Event() if cuda else None
+        self._copies = None
+        if cuda:
+            from rose_backend.engine.cuda_copy import DriverCopies
+            self._copies = DriverCopies()
+        self._lone_stream = 0                                   # the stream of the lone launch in flight
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
         self.last_marks: list[tuple[str, int]] = []
@@ -336,8 +342,11 @@ class Engine:
                 run.out_row = e.output[:1]                           # [1, D] float32, the sequence's row
             if self._lone_out is None:
                 self._lone_out = torch.empty(run.out_row.shape, dtype=torch.float32,
-                                             pin_memory=self._lone_done is not None)
+                                             pin_memory=self._copies is not None)
                 self._lone_out_np = self._lone_out.numpy()
+                self._lone_out_ptr = self._lone_out.data_ptr()
+            run.pointers = (run.inputs.data_ptr(), run.staging.data_ptr(), run.staging.numel() * 4,
+                            run.out_row.data_ptr(), run.out_row.numel() * 4)
         return run
 
     def _prepare_lone(self, tokens: int) -> LoneRun | None:
@@ -359,17 +368,23 @@ class Engine:
                     else None)
         return LoneRun(tokens, layout, be.name, graph_key, meta, v.inputs, staging, template)
 
-    def run_lone(self, run: LoneRun, ids: np.ndarray, marks: list | None = None) -> np.ndarray:
-        """One sequence (ids [run.tokens] int32) through its captured graph, waited for, on the calling
-        thread: its row [1, D] float32, a view of a pinned buffer the next run_lone overwrites. The
-        caller owns the engine meanwhile (nothing else in flight: the service's lone path)."""
+    def launch_lone(self, run: LoneRun, ids: np.ndarray, marks: list | None = None) -> None:
+        """One sequence (ids [run.tokens] int32) through its captured graph: staged, copied in,
+        replayed, its row's copy back queued; wait_lone() waits for it. The caller owns the engine
+        until then (nothing else in flight: the service's lone path)."""
         out = self._lone_np
         if run.template is not None:
             out[:run.layout.words] = run.template
             out[:run.tokens] = ids
         else:
             stage_lone(ids, run.layout, out, self.cfg.pad_token_id, self._arange)
-        run.inputs.copy_(run.staging, non_blocking=True)
+        copies = self._copies
+        if copies is not None:
+            stream = self._lone_stream = torch.cuda.current_stream(self.device).cuda_stream
+            inputs, staging, nbytes, out_row, out_bytes = run.pointers
+            copies.to_device(inputs, staging, nbytes, stream)
+        else:
+            run.inputs.copy_(run.staging)
         if marks is not None:
             marks.append(("staged", time.perf_counter_ns()))
         self._use(run.backend).plan(run.meta)
@@ -380,19 +395,30 @@ class Engine:
         e.graph.replay()
         if marks is not None:
             marks.append(("launched", time.perf_counter_ns()))
-        self._lone_out.copy_(run.out_row, non_blocking=True)
-        if self._lone_done is not None:
-            self._lone_done.record()
-            if marks is not None:
-                marks.append(("copy_queued", time.perf_counter_ns()))
-            self._lone_done.synchronize()
+        if copies is not None:
+            copies.to_host(self._lone_out_ptr, out_row, out_bytes, stream)
+        else:
+            self._lone_out.copy_(run.out_row)
+        if marks is not None:
+            marks.append(("copy_queued", time.perf_counter_ns()))
         st = self.stats
         st.batches += 1
         st.tokens += run.tokens
         st.sequences += 1
         st.graph_replays += 1
         st.padded_tokens += run.layout.tb
+
+    def wait_lone(self) -> np.ndarray:
+        """The row of the lone launch: [1, D] float32, a view of a pinned buffer that the next
+        launch_lone overwrites (from any thread bound to this engine's device)."""
+        if self._copies is not None:
+            self._copies.wait(self._lone_stream)
         return self._lone_out_np
+
+    def run_lone(self, run: LoneRun, ids: np.ndarray, marks: list | None = None) -> np.ndarray:
+        """launch_lone, then wait_lone: the row, on the calling thread."""
+        self.launch_lone(run, ids, marks)
+        return self.wait_lone()
 
     def _forward(self, v: DeviceViews, want: frozenset = frozenset()):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]

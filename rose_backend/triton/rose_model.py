@@ -115,7 +115,8 @@ class RoseModel(DecoupledModel):
                 inline=inline == "true", clock=self.clock, on_piece=on_piece,
                 response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
                 release=_release, query_engine=query_engine,
-                backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us)
+                backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us,
+                lone_by_scheduler=s.lone_answered_by == "scheduler")
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])
@@ -176,6 +177,10 @@ class RoseModel(DecoupledModel):
                              ("validated", time.perf_counter_ns())])
 
         def answer(row):
+            if isinstance(row, Exception):
+                send_final(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"rose: the forward pass failed: {type(row).__name__}: {row}", pb_utils.TritonError.INTERNAL)))
+                return
             if holder is not None:
                 holder.marks.append(("result_on_host", time.perf_counter_ns()))
             send_final(sender, pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("EMBEDDINGS", row)]))
