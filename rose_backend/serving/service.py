@@ -31,9 +31,9 @@ by the submitting thread itself, so its forward pass starts without waiting for 
   caller made each request of a concurrent load a batch of one.)
 - run_lone(): the same for one sequence whose graph is captured, shorter still: the caller hands over
   the ids alone (no Request, no batch), the engine replays its graph (Engine.launch_lone) and the
-  row is answered through the caller's `answer` (`stats.lone` counts them): on the calling thread,
-  or, with `lone_by_scheduler`, by the loop thread, woken while the device runs, so that the caller
-  (execute) returns before the answer is sent.
+  row is answered through the caller's `answer` on the calling thread (`stats.lone` counts them).
+  (Handing the wait and the answer to the loop thread, so that execute() returns before the answer
+  is sent, measured the same on the H200: RESULTS-host-path.md.)
 
 Stage timing: with a StageClock (serving/stage_clock.py) each request is marked at every stage of
 its host path, and the engine's step is split into its own stages. Failure handling (overload,
@@ -67,8 +67,7 @@ class EmbeddingService(IdleInlineWorker):
                  max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 1 << 20,
                  inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
                  host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
-                 release: Callable[[Request], None] | None = None, query_engine=None, backlog_us: int | None = 250,
-                 lone_by_scheduler: bool = False):
+                 release: Callable[[Request], None] | None = None, query_engine=None, backlog_us: int | None = 250):
         """Limits as the `rose` parameters of the same names, with their defaults (RoseSettings;
         tests/triton/test_settings.py holds the two together); lane_settings: a LaneSettings, or any settings
         with its fields (RoseSettings), steering the lanes; inline: run a lone request on the submitting
@@ -79,8 +78,7 @@ class EmbeddingService(IdleInlineWorker):
         go of the caller's objects once the request is answered (default drop_caller_objects);
         query_engine: an Engine on the same weights for interactive batches (query_lane.py), or None;
         backlog_us: an inline request is run whole unless it came this soon after the previous
-        submit() returned (None: never whole; the resolved `inline_backlog_us`); lone_by_scheduler:
-        run_lone's answers are waited for and sent by the loop thread (`lone_answered_by`)."""
+        submit() returned (None: never whole; the resolved `inline_backlog_us`)."""
         super().__init__("rose-scheduler")
         self.engine = engine
         self.on_complete = on_complete
@@ -92,8 +90,6 @@ class EmbeddingService(IdleInlineWorker):
         self._backlog_ns = None if backlog_us is None else int(backlog_us * 1000)
         self._returned_ns: int | None = None                 # when submit() last returned
         self._whole = False                                  # the inline request is run whole (submit's thread)
-        self.lone_by_scheduler = lone_by_scheduler
-        self._lone_pending: tuple | None = None              # (answer, tokens): launched, for the loop thread
         self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs, bulk_threshold_tokens=lane_settings.bulk_threshold_tokens,
                                    bulk_min_share=lane_settings.bulk_min_share)
         self.lanes = LanePolicy(lane_settings.bulk_batch_tokens, lane_settings.bulk_max_inflight,
@@ -145,12 +141,6 @@ class EmbeddingService(IdleInlineWorker):
             self.stats.failed += 1
             self._end_lone()
             raise
-        if self.lone_by_scheduler:
-            with self._cond:
-                self._lone_pending = (answer, tokens)
-                self._cond.notify()
-            self._returned_ns = time.perf_counter_ns()
-            return True
         self._answer_lone(answer, tokens)
         return True
 
@@ -235,30 +225,25 @@ class EmbeddingService(IdleInlineWorker):
         while True:
             batch = None
             with self._cond:
-                while not self._abort and self._lone_pending is None and not self._running() and (
+                while not self._abort and not self._running() and (
                         self._busy or (not self._stopping and not self.scheduler.has_work())):
                     self._cond.wait()             # idle, or an inline request owns the engine
-                lone, self._lone_pending = self._lone_pending, None
-                if lone is None:
-                    if self._stopping and not self.scheduler.has_work() and not self._running():
-                        return
-                    if self._abort:
-                        self._abort_all()
-                        return
-                    held, engine = False, None    # held: bulk held back (LanePolicy), or two engines running
-                    if self.query is not None and not self._busy:
-                        batch, engine = next_of_two(self)
-                        held = batch is None and bulk_in_flight(self)
-                    elif len(self._inflight) < self.max_inflight and not self._busy:
-                        batch = self.scheduler.next_batch(self._bulk_room())
-                        held = batch is None and bool(self._inflight) and self.scheduler.has_work(BULK)
-                    self._busy = batch is not None     # no inline step until this one is launched
-                    if held:                      # an interactive request may come before the oldest is done
-                        self._wait_oldest_or_interactive()
-                    gone = self.scheduler.take_cancelled()
-            if lone is not None:                  # a lone launch of execute()'s: wait, answer, free the engine
-                self._answer_lone(*lone)
-                continue
+                if self._stopping and not self.scheduler.has_work() and not self._running():
+                    return
+                if self._abort:
+                    self._abort_all()
+                    return
+                held, engine = False, None        # held: bulk held back (LanePolicy), or two engines running
+                if self.query is not None and not self._busy:
+                    batch, engine = next_of_two(self)
+                    held = batch is None and bulk_in_flight(self)
+                elif len(self._inflight) < self.max_inflight and not self._busy:
+                    batch = self.scheduler.next_batch(self._bulk_room())
+                    held = batch is None and bool(self._inflight) and self.scheduler.has_work(BULK)
+                self._busy = batch is not None         # no inline step until this one is launched
+                if held:                          # an interactive request may come before the oldest is done
+                    self._wait_oldest_or_interactive()
+                gone = self.scheduler.take_cancelled()
             try:
                 for r in gone:
                     self._finish_cancelled(r)

@@ -137,9 +137,6 @@ class RoseSettings(_Settings):
                          execute() last returning: then it is part of a backlog, execute() returns
                          once it is launched, and the requests behind it are batched; -1 = never
                          whole (default 250)
-    lone_answered_by     execute | scheduler: a lone one-sequence query is launched inside execute()
-                         and its answer waited for and sent there (execute), or by the scheduler
-                         thread, woken while the device runs, after execute() returned (default execute)
     quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
                          uint8 (default "": quantization_ranges.npy / .json in the model folder, if any)
     bulk_threshold_tokens  a request that names no `lane` (request parameter: interactive | bulk) is
@@ -184,7 +181,6 @@ class RoseSettings(_Settings):
     drain_timeout_s: int = 20
     inline_execute: str = "auto"
     inline_backlog_us: int = 250
-    lone_answered_by: str = "execute"
     cuda_graphs: str = "auto"
     gpu_memory_headroom_mb: int = 0
     graph_memory_mb: int = 4096
@@ -206,9 +202,6 @@ class RoseSettings(_Settings):
         if self.inline_execute not in ("auto", "true", "false"):
             raise ValueError(f"model 'rose': parameter 'inline_execute' must be auto, true or false, "
                              f"got {self.inline_execute!r}")
-        if self.lone_answered_by not in ("execute", "scheduler"):
-            raise ValueError(f"model 'rose': parameter 'lone_answered_by' must be execute or scheduler, "
-                             f"got {self.lone_answered_by!r}")
         if self.host_memory_trim not in HostMemoryTrimmer.MODES:
             raise ValueError(f"model 'rose': parameter 'host_memory_trim' must be one of "
                              f"{', '.join(HostMemoryTrimmer.MODES)}, got {self.host_memory_trim!r}")

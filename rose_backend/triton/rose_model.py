@@ -115,8 +115,7 @@ class RoseModel(DecoupledModel):
                 inline=inline == "true", clock=self.clock, on_piece=on_piece,
                 response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
                 release=_release, query_engine=query_engine,
-                backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us,
-                lone_by_scheduler=s.lone_answered_by == "scheduler")
+                backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])

@@ -271,21 +271,3 @@ def test_run_lone_answers_one_sequence_on_the_calling_thread_once_its_graph_is_c
     finally:
         svc.stop(5)
 
-
-def test_run_lone_answered_by_the_loop_thread(minilm_shaped_dir):
-    """lone_by_scheduler: the caller launches and returns; the loop thread waits for the row and
-    answers it, and a request submitted meanwhile waits in the pool and is answered after it."""
-    engine = Engine(ModelConfig.from_folder(minilm_shaped_dir), graphs=True, max_tokens=512, max_seqs=8)
-    rows, where, done = [], [], []
-    svc = EmbeddingService(engine, done.append, backlog_us=0, lone_by_scheduler=True)
-    try:
-        for seed in (80, 81):                                            # eager, then captured
-            svc.submit(request(seed, n=1, length=30))
-        r, later = request(82, n=1, length=30), request(83, n=2, length=30)
-        assert svc.run_lone(r.input_ids, lambda row: (rows.append(row.copy()), where.append(threading.current_thread().name)))
-        svc.submit(later)                                                # the engine is still the lone query's
-        assert wait_until(lambda: len(rows) == 1 and len(done) == 3, 30)
-        assert where == ["rose-scheduler"] and svc.stats.lone == 1 and later.error is None
-        np.testing.assert_allclose(rows[0], engine.embed([r.input_ids.tolist()]), atol=2e-5)
-    finally:
-        svc.stop(5)
