@@ -10,7 +10,7 @@ import pytest
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
-from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service import BATCH_HOLD_S, EmbeddingService
 from rose_testing.waiting import wait_until
 from rose_backend.serving.stage_clock import StageClock
 from support.requests import uniform_request
@@ -191,10 +191,13 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(
         assert len({where[id(r)][0] for r in later}) > 1                                 # side by side
         for i, r in enumerate(later):
             np.testing.assert_allclose(r.output, engine.embed([r.input_ids.tolist()]), atol=1e-5, err_msg=str(i))
-        time.sleep(0.01)
-        lone = request(50)                       # the service is idle again: no hand-over at all
+        soon = request(49)                       # concurrent traffic just now: launched here, not run whole
+        svc.submit(soon)
+        assert wait_until(lambda: len(done) == 8, 30) and where[id(soon)] != [threading.current_thread().name]
+        time.sleep(BATCH_HOLD_S + 0.05)
+        lone = request(50)                       # idle for BATCH_HOLD_S: no hand-over at all
         svc.submit(lone)
-        assert len(done) == 8 and where[id(lone)] == [threading.current_thread().name]
+        assert len(done) == 9 and where[id(lone)] == [threading.current_thread().name]
     finally:
         gate.open.set()
         svc.stop(5)
