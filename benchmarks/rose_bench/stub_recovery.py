@@ -200,7 +200,8 @@ def main(argv=None) -> int:
     work = workload(folder, reranker, args.gap)
     device = "cuda" if gpu_used_mib() is not None else "cpu"
     result = {"command": command_line(argv), "git": git_commit(args.git_commit), "machine": host_info(device),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": args.shape or folder.name,
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "model": args.shape or (folder.name if args.model else "default (all-MiniLM-L6-v2)"),
               "reranker": args.reranker_shape, "runs": []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
