@@ -18,6 +18,7 @@ from rose_bench.stub_recovery import BIG_TEXTS, STEADY_TEXTS, MemorySampler, gpu
 from rose_testing.stub_kill import Target, Workload, kill_under_load
 from support import leftovers
 from support.launcher import LauncherRun
+from support.metrics import metric
 
 pytestmark = pytest.mark.gpu
 
@@ -50,6 +51,7 @@ def test_a_killed_rose_stub_frees_its_memory_and_comes_back(default_model_dir):
         assert seen.first_correct_s is not None and seen.first_correct_s <= RECOVERY_S, seen.summary()
         line = next(m for m in map(pattern.search, run.lines[after_line:]) if m)
         assert float(line.group(1)) <= RECOVERY_S, line.group(0)
+        assert metric(run, "rose_server_restarts_total") == 1          # exported by the GPU's rose_0_0 stub
         with pytest.raises(ProcessLookupError):
             os.kill(rose[0], 0)                              # the dead stub is gone, and with it its memory
         new = [p for p, c in run.processes().items() if "triton_python_backend_stub" in c and "/rose/1/model.py" in c]
