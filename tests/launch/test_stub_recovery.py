@@ -67,7 +67,7 @@ def deployment(minilm_shaped_dir, sentence_model, tmp_path_factory):
                     QUERY, DOCS, reference_scores(reranker, QUERY, DOCS), BIG_DOCS,
                     reference_scores(reranker, QUERY, BIG_DOCS))
     with LauncherRun("--model", str(minilm_shaped_dir), "--reranker", str(reranker), "--repository", str(repo),
-                     "--stub-death-window", str(WINDOW_S)) as run:
+                     "--stub-death-window", str(WINDOW_S), env={"GATEWAY_WORKERS": "2"}) as run:
         assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output[-3000:]
         yield Deployment(run, work)
         if run.proc.poll() is None:
