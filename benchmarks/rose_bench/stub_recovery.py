@@ -158,7 +158,8 @@ def one_kill(launch: Launch, kind: str, work) -> dict:
     target = Target(f"127.0.0.1:{launch.ports.grpc}", f"http://127.0.0.1:{launch.ports.http}",
                     f"http://127.0.0.1:{launch.gateway_port}")
     with MemorySampler() as mem:
-        seen = kill_under_load(target, pid, kind, work, until=lambda: any(re.search(pattern, l) for l in launch.lines[after:]))
+        seen = kill_under_load(target, pid, kind, work,
+                               until=lambda: any(re.search(pattern, ln) for ln in launch.lines[after:]))
     line = launch.wait_for(pattern, 1.0, after)
     row = {**seen.summary(), "kind": kind, "serves_again_s": float(line.group(1)) if line else None}
     new_pid = launch.stubs().get(kind)
@@ -173,7 +174,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="Hugging Face model folder (default: the default model)")
     p.add_argument("--shape", help="instead: a random-weight folder of this shape (rose_testing.folders)")
-    p.add_argument("--reranker-shape", help="serve a random-weight reranker of this shape beside it (e.g. tiny-bert-ce)")
+    p.add_argument("--reranker-shape",
+                   help="serve a random-weight reranker of this shape beside it (e.g. tiny-bert-ce)")
     p.add_argument("--kinds", default="", help="stub models to kill, in order (default: every one served)")
     p.add_argument("--repeat", type=int, default=1, help="kills of each kind")
     p.add_argument("--gap", type=float, default=1e-4, help="largest 1 - cos accepted against sentence-transformers")

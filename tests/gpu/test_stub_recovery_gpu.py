@@ -43,7 +43,7 @@ def test_a_killed_rose_stub_frees_its_memory_and_comes_back(default_model_dir):
         target = Target(run.grpc_url, f"http://127.0.0.1:{run.ports.http}", run.gateway_url)
         with MemorySampler(0.1) as mem:
             seen = kill_under_load(target, rose[0], "rose", work,
-                                   until=lambda: any(pattern.search(l) for l in run.lines[after_line:]))
+                                   until=lambda: any(pattern.search(ln) for ln in run.lines[after_line:]))
         print(seen.summary(), {"before": before, "lowest": min(mem.samples, default=None)})
         assert not seen.wrong, seen.wrong
         assert seen.inflight_errors and max(a.done for a in seen.inflight_errors) <= 2.0, seen.inflight

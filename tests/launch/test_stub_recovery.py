@@ -87,7 +87,8 @@ def kill_and_recover(dep: Deployment, victim: str):
     pid, after = dep.stub(victim), len(run.lines)
     pattern = restarted_line(victim)
     target = Target(run.grpc_url, f"http://127.0.0.1:{run.ports.http}", run.gateway_url)
-    seen = kill_under_load(target, pid, victim, dep.work, until=lambda: any(pattern.search(l) for l in run.lines[after:]))
+    seen = kill_under_load(target, pid, victim, dep.work,
+                           until=lambda: any(pattern.search(ln) for ln in run.lines[after:]))
     dep.recovered_at = time.monotonic()
     dep.restarts += 1
     print(victim, seen.summary())
