@@ -81,6 +81,9 @@ class _Watched:
                 fd = os.pidfd_open(pid)
             except ProcessLookupError:
                 fd = os.open("/dev/null", os.O_RDONLY)       # gone already: always readable
+            except OSError:                                  # no pidfds here (Linux < 5.3)
+                self.disarm()
+                raise
             self.fds[fd] = pid
             self.poller.register(fd, select.POLLIN)
 
@@ -101,11 +104,23 @@ class StubWatch:
         self.window_s, self.ready_timeout = window_s, ready_timeout
         self.watched = [_Watched(s) for s in servers]
         self.recovered_at: float | None = None      # when a restarted server last served again
-        self.restarts = 0
+        self.can_watch_stubs = True
 
     def arm(self) -> None:
         for w in self.watched:
+            self._arm(w)
+
+    def _arm(self, w: _Watched) -> None:
+        """Watch the server's stubs now; where pidfds are missing, say so once and watch only the servers."""
+        if not self.can_watch_stubs:
+            return
+        try:
             w.arm()
+        except OSError as e:
+            self.can_watch_stubs = False
+            self.close()
+            print(f"rose: cannot watch the servers' Python stubs (pidfd_open: {e.strerror or e}); a server whose "
+                  f"stub dies is not restarted", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         for w in self.watched:
@@ -132,7 +147,7 @@ class StubWatch:
             return
         dead = self._deaths(w, exited)
         if not dead:
-            w.arm()                                  # unloaded or reloaded: watch the stubs it has now
+            self._arm(w)                             # unloaded or reloaded: watch the stubs it has now
             return
         now = time.monotonic()
         busy = next((o for o in self.watched if o.death is not None), None)
@@ -171,11 +186,10 @@ class StubWatch:
                 raise StubWatchFailed(f"{self._port(w)} was not ready again {self.ready_timeout:.0f} s after "
                                       f"{w.death} died; stopping")
             return
-        self.restarts += 1
         print(f"rose: {self._port(w)} was restarted because {w.death} died; it serves again "
               f"{now - w.died_at:.1f} s after the death (restarts: {w.srv.restarts}, rose_server_restarts_total on "
               f"its metrics port; another stub death within {self.window_s:g} s stops the launcher)",
               file=sys.stderr, flush=True)
         w.death = None
         self.recovered_at = now
-        w.arm()
+        self._arm(w)
