@@ -19,16 +19,22 @@ from rose_gateway.errors import from_triton
 from rose_testing.compare import cos_dist
 from support import leftovers
 from support.gateway import gateway_for
-from support.server import running_server
+from support.ports import free_ports
+from support.server import LOG_DIR, TEST_EXIT_TIMEOUT_S, WORKER, TritonProcess, stop_in_background
 
 TEXTS = ["a replica lost its stub", "the other one answers", "naïve café"]
 
 
 @pytest.fixture(scope="module")
-def broken(minilm_shaped_dir):
-    """A server like the session's `server` whose rose stub was killed (Triton answers "not healthy")."""
-    from conftest import DEFAULT_TEST_PARAMS
-    with running_server(str(minilm_shaped_dir), DEFAULT_TEST_PARAMS, name="dead-stub") as srv:
+def broken(server, minilm_shaped_dir):
+    """A server of the session server's own repository (the same deployment) whose rose stub was
+    killed: Triton answers "not healthy"."""
+    LOG_DIR.mkdir(exist_ok=True)
+    srv = TritonProcess(str(minilm_shaped_dir), server.repository, free_ports(),
+                        log_file=LOG_DIR / f"dead-stub-{WORKER}.log", exit_timeout=TEST_EXIT_TIMEOUT_S,
+                        env=dict(os.environ))
+    try:
+        srv.start().wait_ready(300)
         stub = next(p for p, c in leftovers.processes([srv.shm_prefix]).items()
                     if "triton_python_backend_stub" in c and "/rose/1/model.py" in c)
         os.kill(stub, signal.SIGKILL)
@@ -41,6 +47,8 @@ def broken(minilm_shaped_dir):
         finally:
             conn.close()
         yield srv
+    finally:
+        stop_in_background([srv])
 
 
 def test_triton_reports_the_broken_replica_ready(broken):
