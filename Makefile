@@ -4,6 +4,7 @@
 #            RERANKER=<reranker folder> (served as `rerank` beside MODEL's `embed`, in one server; KIND is MODEL's)
 #            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
+#            STUB_DEATH_WINDOW=60 (a server whose Python stub died is restarted; another death this soon stops serve)
 #            ROSE_CACHE_DIR=~/.cache/rose (persistent compile caches: flashinfer JIT, Triton kernels)
 # Keys, from the environment (`API_KEY=... make serve`) or a file (API_KEY_FILE=path), never make's
 # command line, which process listings show: API_KEY requires a key on Triton's inference and
@@ -62,7 +63,7 @@ serve: install
 	  --metrics-port $(METRICS_PORT) --address $(ADDRESS) --replicas $(REPLICAS) \
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(RERANKER),--reranker "$(RERANKER)") $(if $(KIND),--kind "$(KIND)") \
-	  $(if $(GPUS),--gpus "$(GPUS)") \
+	  $(if $(GPUS),--gpus "$(GPUS)") $(if $(STUB_DEATH_WINDOW),--stub-death-window "$(STUB_DEATH_WINDOW)") \
 	  $(if $(API_KEY_FILE),--api-key-file "$(API_KEY_FILE)")
 
 # Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one

@@ -187,8 +187,8 @@ GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_so
 # so that their minutes are spread over the workers. (test_fp8_accuracy is one unit: its tests share
 # the corpus, parsed once per process.)
 SPLIT = {"test_bench", "test_supervision", "test_stop_bound"}
-LONGEST_FIRST = ("test_server", "test_bench", "test_fp8_accuracy", "replicas", "test_supervision", "test_gateway_limits",
-                 "test_security", "test_two_models",
+LONGEST_FIRST = ("test_server", "test_bench", "test_fp8_accuracy", "replicas", "test_stub_recovery",
+                 "test_supervision", "test_gateway_limits", "test_security", "test_two_models",
                  "test_stop_bound", "test_gateway_watch", "test_api_keys", "test_hardening",
                  "test_gateway_failover", "rerankers")
 

@@ -19,6 +19,7 @@
     python -m rose_bench outputs                           # the same outputs' host cost per stage, in process
     python -m rose_bench rerank --shape bge-reranker-v2-m3 # `rerank` against a naive Triton reranker
     python -m rose_bench stub-probe                        # each step of a request inside Triton's Python stub
+    python -m rose_bench stub-recovery                     # a stub killed under load: errors, readiness, recovery
     python -m rose_bench fp8-accuracy                      # dtype=fp8 against bf16 and float32 over a text corpus
     python -m rose_bench tokenizers                        # tokenizer.json readers against HF tokenizers: parity, speed
     python -m rose_bench gemm-sweep                        # the projections as bare GEMMs, per call form (GPU)

@@ -41,7 +41,8 @@ class ServerError(RuntimeError):
     the same request may succeed later or elsewhere. Bad input is not retryable.
     `server_leaving` is True when the server is shutting down (Triton answers "... has no available
     versions" once SIGTERM has unloaded the model, or "Server is stopping" from an ensemble's
-    scheduler before that): the request belongs on another replica, and the
+    scheduler before that) or cannot serve the model any more (a model's Python stub died: "Stub
+    process '<instance>' is not healthy."): the request belongs on another replica, and the
     stream should be closed, since tritonserver does not exit while a client holds one open.
     """
 
@@ -56,8 +57,10 @@ _RETRYABLE_MARKERS = ("overloaded", "retry later", "unavailable", "exceeds the q
 # Triton while it stops: the model unloaded ("has no available versions"), or an ensemble whose
 # scheduler stopped taking requests ("Server is stopping, scheduler for model has stopped accepting
 # new inference requests")
+# ... or whose model's Python stub died (python_backend: "Stub process 'rose_0_0' is not healthy.",
+# "Stub process is not healthy.", "Failed to obtain the health mutex.")
 _LEAVING_MARKERS = ("has no available versions", "shutting down", "server is stopping",
-                    "stopped accepting new inference requests")
+                    "stopped accepting new inference requests", "is not healthy", "health mutex")
 
 
 class AccessDenied(ServerError):

@@ -15,7 +15,8 @@ ROSE_GATEWAY_WORKER which one they are) and:
 A worker binds its socket before its start-up, and listens only once it serves, so no connection
 waits for a worker still starting. Each one marks itself serving with a file in the shared state
 folder (PROMETHEUS_MULTIPROC_DIR: the workers' metrics are kept there too, metrics.py), which
-/health counts ("workers": serving / started); the folder is removed when the gateway exits, and
+/health counts ("workers": serving / started: the marks of live workers; a dead worker's mark goes
+when it is started again); the folder is removed when the gateway exits, and
 one whose gateway was killed, by the next gateway or by the launcher that reaped it
 (rose_backend.launch.scratch).
 """
@@ -74,13 +75,33 @@ def unmark_serving(state_dir: str | None) -> None:
             pass
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def serving_count(state_dir: str | None) -> int:
+    """Workers serving now: the serving marks of live processes (a killed worker leaves its mark)."""
     if not state_dir:
         return 1
     try:
-        return sum(1 for n in os.listdir(state_dir) if n.startswith("serving-"))
+        names = os.listdir(state_dir)
     except OSError:
         return 0
+    return sum(1 for n in names if n.startswith("serving-") and n[8:].isdigit() and _alive(int(n[8:])))
+
+
+def remove_mark(state_dir: str, pid: int) -> None:
+    """A dead worker's serving mark."""
+    try:
+        os.unlink(os.path.join(state_dir, f"serving-{pid}"))
+    except OSError:
+        pass
 
 
 def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) -> int:
@@ -130,6 +151,7 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) 
                     break
                 print(f"rose_gateway: worker {i} exited with code {p.returncode}; starting it again",
                       file=sys.stderr, flush=True)
+                remove_mark(state, p.pid)
                 procs[i] = start(i)
         return code
     finally:

@@ -2,17 +2,18 @@
 
     python -m rose_backend.launch [--model DIR] [--reranker DIR] [--grpc-port 8001] [--http-port 8000]
                                   [--metrics-port 8002] [--address 127.0.0.1] [--replicas N]
-                                  [--gateway-port 8080] [--api-key-file PATH]
+                                  [--gateway-port 8080] [--api-key-file PATH] [--stub-death-window 60]
 
 It finds tritonserver ($TRITONSERVER_BIN, then `tritonserver` on PATH as in the NGC image, then the
 binary bundled in the nvidia-pytriton wheel: triton_install.py), prepares the Python backend (the stub for the running
 Python beside libtriton_python.so), makes this project importable inside the stub
 (PYTHONPATH, and the interpreter's own libpython first on LD_LIBRARY_PATH), waits until every
 model is READY (tritonserver.py), starts the HTTP gateway by its command line and watches it
-(gateway.py, gateway_watch.py), prints how to call it, and stops everything
-cleanly on Ctrl-C / SIGTERM. With --replicas N it starts N servers, replica i on ports shifted by
-10*i (8001, 8011, ...); with --gpus 0,1 replica i sees only GPU i (one server per GPU). --reranker DIR
-serves a reranker folder's `rerank` beside the embedding model's `embed` (deployment.py).
+(gateway.py, gateway_watch.py), prints how to call it, ends and starts again a server whose Python
+stub died (stub_watch.py), and stops everything cleanly on Ctrl-C / SIGTERM. With --replicas N it
+starts N servers, replica i on ports shifted by 10*i (8001, 8011, ...); with --gpus 0,1 replica i
+sees only GPU i (one server per GPU). --reranker DIR serves a reranker folder's `rerank` beside the
+embedding model's `embed` (deployment.py).
 Triton's control plane always requires an admin key ($ADMIN_KEY, else a random one); $API_KEY
 (or --api-key-file) makes inference, metadata and the gateway's /v1/* require a key too
 (keys.py).
@@ -31,6 +32,7 @@ from rose_backend.launch.deployment import Ports
 from rose_backend.launch.gateway import GatewayProcess
 from rose_backend.launch.gateway_watch import GatewayFailed, GatewayWatch
 from rose_backend.launch.keys import exposure_warning, launch_keys
+from rose_backend.launch.stub_watch import StubWatch, StubWatchFailed
 from rose_backend.launch.supervision import PortInUse, check_ports_free, drain_timeout_of, set_parent_death_signal
 from rose_backend.launch.triton_install import LaunchError
 from rose_backend.launch.tritonserver import TritonProcess
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     t0 = time.monotonic()
     watch = None
+    stubs = StubWatch(servers, window_s=args.stub_death_window)
     try:
         for s in servers:
             s.check_ports()                     # every port, the gateway's too, before anything starts
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             s.start()
         for s in servers:
             s.wait_ready()
+        stubs.arm()
         urls = ",".join(s.grpc_url for s in servers)
         watch = gateway_watch(args.gateway_port, args.address, args.model, urls, keys.api_key,
                               drain_timeout_of(args.repository))
@@ -136,16 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                      f"http://{servers[0].address}:{servers[0].ports.metrics}/metrics",
                      watch.gateway.url if watch else None, bool(keys.api_key), args.api_key_file,
                      args.reranker and str(resolve_model_dir(args.reranker))), flush=True)
-        while not stopping and all(s.proc.poll() is None for s in servers):
+        while not stopping:
+            stubs.check()
             if watch:
                 watch.check()
             time.sleep(0.2)
-        dead = [s for s in servers if s.proc.poll() is not None]
-        if dead and not stopping:
-            print(f"rose: tritonserver on port {dead[0].ports.grpc} exited with code {dead[0].proc.returncode}",
-                  file=sys.stderr)
-            return 1
         return 0
+    except StubWatchFailed as e:
+        print(f"rose: {e}", file=sys.stderr, flush=True)
+        return 1
     except LaunchError as e:
         print(f"rose: {e}", file=sys.stderr)
         return 1
@@ -153,5 +156,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rose: {e} (GATEWAY=0 serves without the gateway)", file=sys.stderr)
         return 1
     finally:
+        stubs.close()
         stop_all(servers, watch)
 

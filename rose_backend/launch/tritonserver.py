@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from rose_backend.launch.argv_scrub import options_read, scrub_argv
-from rose_backend.launch.child import ChildProcess, http_status, reachable
+from rose_backend.launch.child import ChildProcess, http_status, kill_group, reachable
 from rose_backend.launch.deployment import (DEFAULT_REPOSITORY, MODELS, RERANKER_DIR_VARIABLE, Ports,
                                             reranker_repository, served_models)
 from rose_backend.launch.scratch import remove_python_envs_of_dead_servers
@@ -26,6 +26,7 @@ from rose_backend.launch.supervision import (KILL_MARGIN_S, PortInUse, aborted_a
                                              exit_timeout_for)
 from rose_backend.launch.triton_install import LaunchError, TritonInstall, find_triton, server_env, stub_site
 from rose_backend.launch.triton_stop import stop_tritonserver
+from rose_backend.triton.server_restarts import RESTARTS_VARIABLE
 from rose_client.auth import check_key
 
 
@@ -66,6 +67,7 @@ class TritonProcess(ChildProcess):
         self.admin_key = self._fixed_admin_key or secrets.token_urlsafe(32)
         self.proc = None
         self.restarted = False                   # wait_ready started it once more (aborted_at_start)
+        self.restarts = 0                        # times restart() started it again
         self.scrubbed: bool | None = None        # keys overwritten in its argv (None: not yet)
         self.shm_prefix = f"rose_{os.getpid()}_{self.ports.grpc}_"
 
@@ -98,15 +100,18 @@ class TritonProcess(ChildProcess):
             raise LaunchError(f"cannot bind {self.address} ({e.strerror or e}); choose an address of this "
                               f"machine") from None
 
-    def start(self) -> "TritonProcess":
+    def start(self, keep_keys: bool = False) -> "TritonProcess":
+        """Spawn the server (wait_ready follows). keep_keys: the admin key of the last start, not a
+        fresh one (restart)."""
         self.check_ports()
         install = find_triton()
         if self.reranker and self.repository == self.source_repository:
             tmp = Path(tempfile.mkdtemp(prefix=f"rose-models-{os.getpid()}-"))
             self.repository = reranker_repository(self.source_repository, tmp / "model_repository", self.reranker)
-        if self._fixed_admin_key is None:
+        if self._fixed_admin_key is None and not keep_keys:
             self.admin_key = secrets.token_urlsafe(32)
         env = cache_env(server_env(self.model_dir, install, self.env))
+        env[RESTARTS_VARIABLE] = str(self.restarts)            # its metrics port counts them (server_restarts.py)
         if self.reranker:
             from rose_backend.config import resolve_model_dir
             env[RERANKER_DIR_VARIABLE] = str(resolve_model_dir(self.reranker))
@@ -137,26 +142,52 @@ class TritonProcess(ChildProcess):
 
     def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] | None = None) -> None:
         """Until the server and every model are READY (health: open without keys)."""
-        models = models or self.models or MODELS
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                if not self.restarted and aborted_at_start(self.proc.returncode, self.log_file):
-                    print("rose: tritonserver aborted as it started; starting it once more", file=sys.stderr)
-                    self.restarted = True
-                    self._reap()
-                    self.start()
-                    continue
-                raise LaunchError(f"tritonserver exited with code {self.proc.returncode} before it was ready"
-                                  + (f"; see {self.log_file}" if self.log_file else ""))
-            self.hide_keys()
-            if self._http("/v2/health/ready") == 200 and all(
-                    self._http(f"/v2/models/{m}/ready") == 200 for m in models):
-                self.hide_keys(force=True)
+            if self.poll_ready(models):
                 return
             time.sleep(0.25)
         raise LaunchError(f"tritonserver was not ready within {timeout:.0f} s"
                           + (f"; see {self.log_file}" if self.log_file else ""))
+
+    def poll_ready(self, models: tuple[str, ...] | None = None) -> bool:
+        """Whether the server and every model are READY now; LaunchError once the server has exited
+        (after one abort at start it is started once more: aborted_at_start)."""
+        models = models or self.models or MODELS
+        if self.proc.poll() is not None:
+            if not self.restarted and aborted_at_start(self.proc.returncode, self.log_file):
+                print("rose: tritonserver aborted as it started; starting it once more", file=sys.stderr)
+                self.restarted = True
+                self._reap()
+                self.start(keep_keys=True)
+                return False
+            raise LaunchError(f"tritonserver exited with code {self.proc.returncode} before it was ready"
+                              + (f"; see {self.log_file}" if self.log_file else ""))
+        self.hide_keys()
+        if self._http("/v2/health/ready") == 200 and all(
+                self._http(f"/v2/models/{m}/ready") == 200 for m in models):
+            self.hide_keys(force=True)
+            return True
+        return False
+
+    def model_ready(self, model: str) -> int:
+        """The HTTP status of the model's readiness (200 READY; 0: the server does not answer)."""
+        return self._http(f"/v2/models/{model}/ready")
+
+    def restart(self) -> None:
+        """End the server at once (kill()) and start it again on the same ports with the same keys;
+        poll_ready() or wait_ready() follows."""
+        self.kill()
+        self.restarts += 1
+        self.start(keep_keys=True)
+
+    def kill(self) -> None:
+        """SIGKILL to the server's process group, at once: its clients' streams fail with
+        UNAVAILABLE and its ports stop answering; then its stubs' shared memory is removed."""
+        if self.proc is not None:
+            kill_group(self.proc)
+            self.proc.wait()
+            self._reap()
 
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM, close what keeps it from exiting once its work is answered (triton_stop.py), then

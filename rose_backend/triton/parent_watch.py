@@ -22,6 +22,9 @@ The cause is in the stub's C++; two watchdogs are the workaround, both started b
   waiting for the GIL). The watcher holds pidfds of the server and of the stub and sleeps in
   poll(): the stub exiting first ends it; the server dying first makes it SIGKILL the stub and
   remove its region. The kernel, not the stub, wakes it, so nothing the stub holds can stop it.
+
+watch_parent() also has the stub of the `rose` model's first instance export the launcher's
+restart count (server_restarts.py): every model of ours calls it as it loads.
 """
 from __future__ import annotations
 
@@ -66,11 +69,9 @@ def drop_triton_objects(holder, *names: str) -> None:
 STUB_NAME = "triton_python_backend_stub"
 
 
-def stub_arguments(cmdline: bytes | None = None) -> tuple[str, int] | None:
-    """(shared-memory region name, server pid) of this stub process, or None outside a stub.
-
-    The stub's command line: stub, model.py, region name, region size, growth, parent pid, ...
-    """
+def _stub_args(cmdline: bytes | None) -> list[str] | None:
+    """The stub's command line: stub, model.py, region name, region size, growth, parent pid,
+    python lib, ipc handle, instance name, ... (None outside a stub)."""
     if cmdline is None:
         try:
             with open("/proc/self/cmdline", "rb") as f:
@@ -80,7 +81,19 @@ def stub_arguments(cmdline: bytes | None = None) -> tuple[str, int] | None:
     args = [a.decode("utf-8", errors="replace") for a in cmdline.split(b"\0") if a]
     if len(args) < 6 or not args[0].endswith(STUB_NAME) or not args[5].isdigit():
         return None
-    return args[2], int(args[5])
+    return args
+
+
+def stub_arguments(cmdline: bytes | None = None) -> tuple[str, int] | None:
+    """(shared-memory region name, server pid) of this stub process, or None outside a stub."""
+    args = _stub_args(cmdline)
+    return None if args is None else (args[2], int(args[5]))
+
+
+def stub_instance(cmdline: bytes | None = None) -> str | None:
+    """Triton's name of this stub's model instance (e.g. rose_0_0), or None outside a stub."""
+    args = _stub_args(cmdline)
+    return args[8] if args is not None and len(args) > 8 else None
 
 
 def remove_region(region: str) -> None:
@@ -115,6 +128,11 @@ def watch_parent(model: str, interval: float = 0.5) -> threading.Thread | None:
     thread = threading.Thread(target=run, name=f"{model}-parent-watch", daemon=True)
     thread.start()
     start_watcher(model, region, server_pid)
+    try:
+        from rose_backend.triton.server_restarts import export_restarts
+        export_restarts(stub_instance())
+    except Exception as e:                       # a metric never keeps a model from loading
+        log.warning("%s: cannot export the server's restart count: %s", model, e)
     return thread
 
 

@@ -1,5 +1,6 @@
 """How rose_client reads a server's error, on Triton 2.51's own messages: a replica that is stopping
-(SIGTERM) hands its request to another replica; bad input is the caller's and is not retried."""
+(SIGTERM) or whose model's Python stub died hands its request to another replica; bad input is the
+caller's and is not retried."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,11 @@ LEAVING = [
     "new inference requests",
     # the models unloaded
     "Request for unknown model: 'rose' has no available versions",
+    # a model's Python stub died (python_backend r24.10), directly and through an ensemble
+    "Stub process 'rose_0_0' is not healthy.",
+    "in ensemble 'embed', Stub process 'tokenize_batched_0_1' is not healthy.",
+    "Failed to process the request(s) for model instance 'tokenize_0_0', message: Stub process is not healthy.",
+    "Failed to obtain the health mutex.",
 ]
 REFUSED = ["rose: INPUT_IDS[0] = 30522 is outside the vocabulary",
            "rose: the request has 17 sequences; the limit is max_request_seqs=16"]
