@@ -27,7 +27,7 @@ GPUS ?=
 PYTEST_ARGS ?=
 ROSE_CACHE_DIR ?= $(HOME)/.cache/rose
 
-.PHONY: serve test test-gpu install clean
+.PHONY: serve test test-gpu install client-cli clean
 
 ifeq ($(origin API_KEY),command line)
 $(warning API_KEY on make's command line shows in process listings (ps shows make's arguments): use `API_KEY=... make serve` or API_KEY_FILE=path)
@@ -50,6 +50,11 @@ $(VENV)/.installed: pyproject.toml client/pyproject.toml
 	@command -v tritonserver >/dev/null || [ -n "$$TRITONSERVER_BIN" ] || \
 	  $(BIN)/python -m pip install -q --no-deps nvidia-pytriton==0.7.0
 	@touch $@
+
+# rose-embed's Parquet input and output and its progress bar (the client's `cli` extra), added to the
+# same environment with the client still installed from ./client (editable)
+client-cli: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e "./client[cli]"
 
 $(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[test,bench,gateway]"

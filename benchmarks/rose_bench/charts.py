@@ -103,10 +103,12 @@ def chart(result: dict, workload: str, path: Path) -> Path | None:
     return path
 
 
-def charts(result: dict, out_dir: Path) -> list[Path]:
+def charts(result: dict, out_dir: Path, prefix: str | None = None) -> list[Path]:
+    """One PNG per workload, named <prefix><workload>.png (default prefix: bench_<model>_)."""
     out = []
+    prefix = f"bench_{result['model']}_" if prefix is None else prefix
     for workload in TITLES:
-        p = chart(result, workload, Path(out_dir) / f"bench_{result['model']}_{workload}.png")
+        p = chart(result, workload, Path(out_dir) / f"{prefix}{workload}.png")
         if p:
             out.append(p)
     return out

@@ -63,7 +63,7 @@ def per_config(eng, rng, s, n):
     second = wall_ms(lambda: eng.step(b).synchronize())
     key = eng.last_key
     assert eng.graphs.entries[key].state == "captured"
-    v = eng._views[key[:2]]
+    v = eng.device_views(key[:2])
     graph_ms = events_ms(lambda: eng.graphs.replay(key), 20)
     with torch.inference_mode():
         eager_ms = events_ms(lambda: eng._forward(v), 10)
@@ -87,7 +87,7 @@ def count_kernels(eng, s, n):
     """Kernels of one eager forward (static buffers of the configuration), by name."""
     eng.step(batch(np.random.default_rng(1), s, n, eng.cfg.vocab_size)).synchronize()   # plan this layout
     key = eng.last_key
-    v = eng._views[key[:2]]
+    v = eng.device_views(key[:2])
     from torch.profiler import ProfilerActivity, profile
     with torch.inference_mode():
         eng._forward(v)

@@ -63,7 +63,7 @@ def cell(eng: Engine, ref: Engine, s: int, n: int, rng, profile: bool) -> dict:
     graph = lambda: eng.graphs.replay(key)    # noqa: E731
     out = {"key": list(key), "backend": eng.backend_for(*key[:2]), "graph_ms": round(events_ms(graph, 20), 4)}
     if profile:     # the same forward launched eagerly on the same buffers (host launch gaps included)
-        views = eng._views[tuple(key[:2])]
+        views = eng.device_views(tuple(key[:2]))
         with torch.inference_mode():
             out["eager_ms"] = round(events_ms(lambda: eng._forward(views), 5), 4)
         out["graph_pool_bytes"] = eng.stats.graph_memory_bytes        # all graphs captured so far

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(result, indent=1))
     try:
         from rose_bench import charts
-        result["charts"] = [p.name for p in charts.charts(result, out.parent)]
+        result["charts"] = [p.name for p in charts.charts(result, out.parent, prefix=f"{out.stem}-")]
         out.write_text(json.dumps(result, indent=1))
     except ImportError as e:  # matplotlib missing: the JSON is still written
         print(f"charts not drawn: {e}", file=sys.stderr)

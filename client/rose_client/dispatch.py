@@ -169,7 +169,8 @@ class Job:
         if isinstance(exc, AccessDenied):
             raise AccessDenied(str(exc)) from exc
         if isinstance(exc, ServerError) and not exc.retryable:
-            raise ServerError(f"{exc} (inputs {chunk.start}..{chunk.end - 1} of this call)") from exc
+            where = f" (inputs {chunk.start}..{chunk.end - 1} of this call)" if chunk.end > chunk.start else ""
+            raise ServerError(f"{exc}{where}") from exc
         broken = None
         with c._lock:
             if isinstance(exc, ServerError) and not exc.server_leaving:   # overloaded: back off, retry anywhere

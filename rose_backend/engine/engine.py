@@ -1,32 +1,20 @@
 """Engine: step(batch) -> LazyTensor.
 
-The engine owns the model, its device and the per-batch work around the forward pass: staging the batch in
-pinned memory, one host-to-device copy into static buffers, planning the attention backend (outside any
-graph), the forward pass (eager, captured, or replayed from a CUDA graph), pooling, normalizing, and
-queueing the copy back into a pinned buffer behind an event. On the CPU the same code runs eagerly (graphs
-off by default) and returns ready handles.
+The engine owns the model, its device and the work around a forward pass: the batch staged in pinned
+memory, one copy into static buffers, the attention plan (outside any graph), the pass (eager,
+captured, or replayed from a CUDA graph), pooling and normalizing, and the copy back behind an event.
+On the CPU the same code runs eagerly (graphs off by default) and returns ready handles.
 
-Token-level outputs (BGE-M3's sparse and ColBERT heads, models/m3_heads.py): a batch whose `token_outputs`
-names them runs the heads on the final hidden states of every token, in the same pass (a graph of its own
-per configuration, keyed apart from the dense-only one, so dense-only batches run exactly the graphs they
-ran before), and its handle carries the results as `extras` ({"sparse": [T] f32, "colbert": [T, Dc] f32},
-real tokens only), copied back into pinned buffers of the step's slot (reused: valid until the slot comes
-round again, as the dense rows' buffer). A batch asking for "hidden" gets every real token's final hidden
-states the same way ({"hidden": [T, H] f32}: what late chunking pools over token spans), again from a graph
-of its own.
-
-A lone sequence (the online query) has a shorter way once its configuration's graph is captured:
-`lone_run(tokens)` prepares it once per length; `launch_lone(run, ids)` stages the ids into a pinned
-buffer of its own, copies them in, replays and queues the row's copy back, and `wait_lone()` waits
-for that row: a handful of calls (the copies and the wait single driver calls, cuda_copy.py), no
-slot, no handle, no per-request allocation (the service runs it when nothing else is in flight,
-serving/service.py).
+Token-level outputs (BGE-M3's heads, models/m3_heads.py; "hidden" for late chunking) run in the same
+pass, from a graph of their own per configuration, and come back as the handle's `extras` ({"sparse":
+[T] f32, "colbert": [T, Dc] f32, "hidden": [T, H] f32}, real tokens only), in the step's slot's pinned
+buffers (valid until the slot comes round again). A lone sequence whose graph is captured has a
+shorter way: `engine.lone` (lone.py).
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,7 +25,8 @@ from rose_backend.engine.batch import HEAD_OUTPUTS, PackedBatch, graph_tags, row
 from rose_backend.engine.graph_cache import GraphCache, Key, bucket_limits
 from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.memory_budget import check_fits, device_limit, engine_budget
-from rose_backend.engine.staging import LONE_TEMPLATE_MAX_TOKENS, DeviceViews, Layout, Slot, lone_template, stage, stage_lone
+from rose_backend.engine.lone import LonePath
+from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.engine.stats import EngineStats
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
@@ -48,21 +37,6 @@ from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class LoneRun:
-    """Everything a lone sequence of `tokens` tokens needs that does not change between requests."""
-    tokens: int
-    layout: Layout
-    backend: str
-    graph_key: tuple
-    meta: AttentionMetadata            # planned before every replay (flashinfer keeps an unchanged plan)
-    inputs: torch.Tensor               # the configuration's device input words
-    staging: torch.Tensor              # the same words of the engine's lone pinned buffer
-    template: np.ndarray | None        # staged words but the ids (small layouts), else None: stage_lone
-    out_row: torch.Tensor | None = None   # the graph's first output row, once captured
-    pointers: tuple = ()               # (inputs, staging, bytes, out_row, out bytes) for the driver copies
 
 
 class Engine:
@@ -80,8 +54,7 @@ class Engine:
                       bucketed static-buffer path with a stand-in graph); False: every batch eager, unpadded
         max_tokens, max_seqs  largest token / sequence-count (powers of two) bucket (past them: eager); default
                       the serving defaults, graph_cache.bucket_limits: max(16384, the model's max positions), 64
-        max_inflight  handles the caller keeps outstanding; the pinned ring has max_inflight + 1 slots (a
-                      handle still pending when its slot comes round is waited for first: nothing overwritten)
+        max_inflight  handles the caller keeps outstanding (the pinned ring has max_inflight + 1 slots)
         graph_memory_cap_bytes  no new graph once graphs hold this much (None: no cap; graph_cache.py)
         memory_limit_bytes  refuse to start when `budget` (memory_budget.py, computed before loading)
                       is over it; None: on CUDA the free memory less a margin, on the CPU no check
@@ -89,8 +62,7 @@ class Engine:
         fp8_min_tokens  FP8 projection GEMMs for batches of at least this many tokens (layers/fp8.py); None: off
         weights_from  another Engine whose weights this one runs (the query lane, serving/query_lane.py):
                       buckets, buffers, graphs and attention workspaces of its own, on a high-priority stream
-    Each batch is run as exactly one of: eager (first sight of a configuration, or graphs off),
-    capture (second sight: capture then replay), replay; `stats` counts them.
+    Each batch runs eagerly (first sight, or graphs off), captured (second sight) or replayed.
     """
 
     def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu",
@@ -127,7 +99,7 @@ class Engine:
         self.type_stride = cfg.max_positions if cfg.uses_token_types else 0
         self._backends: dict[str, AttentionBackend] = {}
         if self.attention is not None:
-            self._backend(self.attention)                     # fail early on a backend that cannot run
+            self.backend(self.attention)                     # fail early on a backend that cannot run
             self.available = [self.attention]
         else:
             avail = available_backends(self.shape, self.device)
@@ -145,21 +117,11 @@ class Engine:
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
         self._slots = [Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
         self._next_slot = 0
-        # the lone path's own pinned buffers (run_lone): inputs of the largest one-sequence layout, one output row
-        self._lone_runs: dict[int, LoneRun | None] = {}
-        self._lone_staging = torch.zeros(Layout(1, tb).words, dtype=torch.int32, pin_memory=cuda)
-        self._lone_np = self._lone_staging.numpy()
-        self._lone_out: torch.Tensor | None = None             # [1, D] float32, made at the first capture seen
-        self._lone_out_np: np.ndarray | None = None
-        self._copies = None
-        if cuda:
-            from rose_backend.engine.cuda_copy import DriverCopies
-            self._copies = DriverCopies()
-        self._lone_stream = 0                                   # the stream of the lone launch in flight
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
         self.last_marks: list[tuple[str, int]] = []
         self.graphs.start(self.device)
+        self.lone = LonePath(self)                       # one sequence, nothing else in flight (lone.py)
         self.stats.startup_seconds = time.perf_counter() - t0
 
     def bind_thread(self) -> None:
@@ -175,7 +137,8 @@ class Engine:
         return self.cfg.embedding_dim
 
     # ---- backends ----
-    def _backend(self, name: str) -> AttentionBackend:
+    def backend(self, name: str) -> AttentionBackend:
+        """The attention backend of that name for this engine (made once)."""
         be = self._backends.get(name)
         if be is None:
             be = self._backends[name] = make_backend(name, self.shape, self.device)
@@ -193,8 +156,9 @@ class Engine:
                 {n: backend_class(n).host_plan_us for n in fits or self.available})
         return name
 
-    def _use(self, name: str) -> AttentionBackend:
-        be = self._backend(name)
+    def use_backend(self, name: str) -> AttentionBackend:
+        """The backend of that name, set on the model for the next forward pass."""
+        be = self.backend(name)
         if self.model.attn is not be:
             self.model.set_attention_backend(be)
         return be
@@ -269,9 +233,7 @@ class Engine:
                     want: frozenset = frozenset()):
         sb, tb = key
         st = self.stats
-        v = self._views.get(key)
-        if v is None:
-            v = self._views[key] = DeviceViews(self._static, Layout(sb, tb))
+        v = self.device_views(key)
         layout = v.layout
         staging, cu_host = slot.layout_views(layout)
         types = batch.token_type_ids is not None and self.type_stride     # BERT segment ids: positions + type rows
@@ -280,8 +242,8 @@ class Engine:
         v.inputs.copy_(staging, non_blocking=True)
         if marks is not None:
             marks.append(("staged", time.perf_counter_ns()))
-        be = self._use(self.backend_for(sb, tb))
-        bound, plan_key, key = self._graph_keys(be, key, batch.max_seqlen, batch.num_tokens, want)
+        be = self.use_backend(self.backend_for(sb, tb))
+        bound, plan_key, key = self.graph_keys(be, key, batch.max_seqlen, batch.num_tokens, want)
         self.last_key = key
         be.plan(AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key, cu_seqlens_host=cu_host))
         if marks is not None:
@@ -304,7 +266,7 @@ class Engine:
             st.graph_replays += 1
         return self.graphs.replay(key)
 
-    def _graph_keys(self, be: AttentionBackend, key: Key, longest: int, tokens: int, want: frozenset):
+    def graph_keys(self, be: AttentionBackend, key: Key, longest: int, tokens: int, want: frozenset):
         """(max_seqlen bound, attention plan key, graph key) of a batch in configuration `key`.
 
         max_seqlen is baked into captured launches: a fixed bound per configuration (real sequences
@@ -322,103 +284,12 @@ class Engine:
             key = (*key, *graph_tags(want))
         return bound, plan_key, key
 
-    # ---- the lone path ----
-    def lone_run(self, tokens: int) -> LoneRun | None:
-        """The prepared run of one sequence of `tokens` tokens once its configuration's graph is
-        captured (it is run through step() before that: eagerly, then captured); None until then,
-        or where one such sequence runs no graph."""
-        run = self._lone_runs.get(tokens)
-        if run is None:
-            if tokens in self._lone_runs:
-                return None
-            run = self._lone_runs[tokens] = self._prepare_lone(tokens)
-            if run is None:
-                return None
-        if run.out_row is None:
-            e = self.graphs.captured(run.graph_key)
-            if e is None:
-                return None
-            with torch.inference_mode():
-                run.out_row = e.output[:1]                           # [1, D] float32, the sequence's row
-            if self._lone_out is None:
-                self._lone_out = torch.empty(run.out_row.shape, dtype=torch.float32,
-                                             pin_memory=self._copies is not None)
-                self._lone_out_np = self._lone_out.numpy()
-                self._lone_out_ptr = self._lone_out.data_ptr()
-            run.pointers = (run.inputs.data_ptr(), run.staging.data_ptr(), run.staging.numel() * 4,
-                            run.out_row.data_ptr(), run.out_row.numel() * 4)
-        return run
-
-    def _prepare_lone(self, tokens: int) -> LoneRun | None:
-        key = self.graphs.key_for(1, tokens) if self.graphs_on and self.stream is None else None
-        if key is None or not 0 < tokens <= self.max_len:
-            return None
-        be = self._backend(self.backend_for(*key))
-        if self.device.type == "cuda" and not be.supports_cuda_graphs:
-            return None
-        layout = Layout(*key)
-        bound, plan_key, graph_key = self._graph_keys(be, key, tokens, tokens, frozenset())
+    def device_views(self, key: Key) -> DeviceViews:
+        """The device views of configuration key = (sb, tb) into the static input buffer (made once)."""
         v = self._views.get(key)
         if v is None:
-            v = self._views[key] = DeviceViews(self._static, layout)
-        staging = self._lone_staging[:layout.words]
-        meta = AttentionMetadata(v.cu, bound, None, self.cfg.causal, graph_key=plan_key,
-                                 cu_seqlens_host=self._lone_staging[layout.cu])
-        template = (lone_template(*key, tokens, self.cfg.pad_token_id) if layout.tb <= LONE_TEMPLATE_MAX_TOKENS
-                    else None)
-        return LoneRun(tokens, layout, be.name, graph_key, meta, v.inputs, staging, template)
-
-    def launch_lone(self, run: LoneRun, ids: np.ndarray, marks: list | None = None) -> None:
-        """One sequence (ids [run.tokens] int32) through its captured graph: staged, copied in,
-        replayed, its row's copy back queued; wait_lone() waits for it. The caller owns the engine
-        until then (nothing else in flight: the service's lone path)."""
-        out = self._lone_np
-        if run.template is not None:
-            out[:run.layout.words] = run.template
-            out[:run.tokens] = ids
-        else:
-            stage_lone(ids, run.layout, out, self.cfg.pad_token_id, self._arange)
-        copies = self._copies
-        if copies is not None:
-            stream = self._lone_stream = torch.cuda.current_stream(self.device).cuda_stream
-            inputs, staging, nbytes, out_row, out_bytes = run.pointers
-            copies.to_device(inputs, staging, nbytes, stream)
-        else:
-            run.inputs.copy_(run.staging)
-        if marks is not None:
-            marks.append(("staged", time.perf_counter_ns()))
-        self._use(run.backend).plan(run.meta)
-        if marks is not None:
-            marks.append(("planned", time.perf_counter_ns()))
-        e = self.graphs.entries[run.graph_key]
-        e.hits += 1
-        e.graph.replay()
-        if marks is not None:
-            marks.append(("launched", time.perf_counter_ns()))
-        if copies is not None:
-            copies.to_host(self._lone_out_ptr, out_row, out_bytes, stream)
-        else:
-            self._lone_out.copy_(run.out_row)
-        if marks is not None:
-            marks.append(("copy_queued", time.perf_counter_ns()))
-        st = self.stats
-        st.batches += 1
-        st.tokens += run.tokens
-        st.sequences += 1
-        st.graph_replays += 1
-        st.padded_tokens += run.layout.tb
-
-    def wait_lone(self) -> np.ndarray:
-        """The row of the lone launch: [1, D] float32, a view of a pinned buffer that the next
-        launch_lone overwrites (from any thread bound to this engine's device)."""
-        if self._copies is not None:
-            self._copies.wait(self._lone_stream)
-        return self._lone_out_np
-
-    def run_lone(self, run: LoneRun, ids: np.ndarray, marks: list | None = None) -> np.ndarray:
-        """launch_lone, then wait_lone: the row, on the calling thread."""
-        self.launch_lone(run, ids, marks)
-        return self.wait_lone()
+            v = self._views[key] = DeviceViews(self._static, Layout(*key[:2]))
+        return v
 
     def _forward(self, v: DeviceViews, want: frozenset = frozenset()):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
@@ -456,7 +327,7 @@ class Engine:
         seq_ids = torch.from_numpy(batch.seq_ids()).to(dev)
         inv_lens = torch.from_numpy((1.0 / lens.astype(np.float32))[:, None]).to(dev)
         s_b = self.graphs.s_buckets
-        be = self._use(self.backend_for(min(batch.num_seqs, s_b[-1]), batch.num_tokens))
+        be = self.use_backend(self.backend_for(min(batch.num_seqs, s_b[-1]), batch.num_tokens))
         be.plan(AttentionMetadata(cu, batch.max_seqlen, lens.tolist(), self.cfg.causal,
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]

@@ -47,6 +47,12 @@ class StageClock:
         """Record that `holder` (any object with a `marks` list attribute) reached `stage`."""
         holder.marks.append((stage, time.perf_counter_ns() if at is None else at))
 
+    def mark_all(self, holders, marks) -> None:
+        """Each of `holders` reached each (stage, ns) of `marks`, in order."""
+        for stage, at in marks:
+            for h in holders:
+                h.marks.append((stage, at))
+
     def finish(self, holder, group: str = "") -> None:
         marks = holder.marks
         prefix = f"{group}:" if group else ""

@@ -3,11 +3,10 @@
     settings = RoseSettings.from_model_config(args["model_config"])      # in initialize()
     settings.max_batch_tokens                                            # 16384 unless config.pbtxt says
 
-Each dataclass below is the one place a model's parameters, their types and their defaults are
-written down; model_repository/*/config.pbtxt spells the same defaults (tests/triton/test_settings.py
-checks both and this docstring's defaults). A parameter the class does not know, a value of the
-wrong type or out of range is refused at start-up with an error naming the model and the
-parameter. An empty string_value means "the default".
+Each dataclass below is the one place a model's parameters, types and defaults are written down;
+model_repository/*/config.pbtxt spells the same defaults (tests/triton/test_settings.py checks
+both). An unknown parameter, a wrong type or a value out of range is refused at start-up, naming
+the model and the parameter. An empty string_value means "the default".
 """
 from __future__ import annotations
 
@@ -132,11 +131,9 @@ class RoseSettings(_Settings):
                          (default auto: on for a CUDA device; on the CPU the forward pass run on the
                          stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
                          contending, so auto leaves it off there)
-    inline_backlog_us    such a request is run whole inside execute() (launched, waited for, answered:
-                         no thread at all in between) unless it came within this many microseconds of
-                         execute() last returning: then it is part of a backlog, execute() returns
-                         once it is launched, and the requests behind it are batched; -1 = never
-                         whole (default 250)
+    inline_backlog_us    such a request is also waited for and answered inside execute() unless it came
+                         within this many us of execute() last returning (a backlog: the requests behind
+                         it are batched); -1 = never (default 250; serving/service.py)
     quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
                          uint8 (default "": quantization_ranges.npy / .json in the model folder, if any)
     bulk_threshold_tokens  a request that names no `lane` (request parameter: interactive | bulk) is

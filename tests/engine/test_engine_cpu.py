@@ -168,22 +168,22 @@ def test_the_lone_path_replays_a_captured_graph_and_equals_step(cfg, eager, monk
     """A lone sequence has no lone run before its configuration is captured (step() runs it eagerly,
     then captures it); after that run_lone gives the same row as an eager pass, for every length of
     the bucket and past the small layouts' templates, and counts as a replayed batch."""
-    from rose_backend.engine import engine as engine_module, staging
-    for module in (engine_module, staging):             # layouts past 128 tokens are staged without a template
+    from rose_backend.engine import lone, staging
+    for module in (lone, staging):                      # layouts past 128 tokens are staged without a template
         monkeypatch.setattr(module, "LONE_TEMPLATE_MAX_TOKENS", 128)
     g = Engine(cfg, graphs=True, max_tokens=512, max_seqs=4)
     rng = np.random.default_rng(3)
     for length, others in ((100, (65, 128)), (300, (257, 320))):         # buckets 128 and 320
         ids = rng.integers(0, cfg.vocab_size, size=length).astype(np.int32)
-        assert g.lone_run(length) is None
+        assert g.lone.run_for(length) is None
         for _ in range(2):                                                 # eager, then capture
             g.step(PackedBatch(ids, np.array([length], np.int32))).synchronize()
         for n in (length, *others):
             x = rng.integers(0, cfg.vocab_size, size=n).astype(np.int32)
-            run = g.lone_run(n)
+            run = g.lone.run_for(n)
             assert run is not None and run.tokens == n
             before = g.stats.graph_replays
-            row = g.run_lone(run, x)
+            row = g.lone.run(run, x)
             assert row.shape == (1, cfg.embedding_dim) and g.stats.graph_replays == before + 1
             np.testing.assert_allclose(row, eager.embed([x.tolist()]), atol=2e-5, err_msg=str(n))
-    assert Engine(cfg).lone_run(100) is None                              # no graphs: no lone path
+    assert Engine(cfg).lone.run_for(100) is None                              # no graphs: no lone path

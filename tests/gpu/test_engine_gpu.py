@@ -116,9 +116,9 @@ def _check_model(cfg, max_len, n_batches, n_hf, seed, report):
         ids = rng.integers(3, cfg.vocab_size, size=n).astype(np.int32)
         for _ in range(2):                           # eager, then captured
             graph.step(PackedBatch(ids, np.array([n], np.int32))).synchronize()
-        run = graph.lone_run(n)
+        run = graph.lone.run_for(n)
         assert run is not None, n
-        got = graph.run_lone(run, ids).copy()
+        got = graph.lone.run(run, ids).copy()
         worst_lone = max(worst_lone, float(cos_dist(got, hf.embed([ids])).max()))
     report.update(batches=len(comps), worst_graph_vs_eager=worst, worst_graph_vs_hf=worst_hf_g,
                   worst_eager_vs_hf=worst_hf_e, worst_lone_vs_hf=worst_lone, seconds=time.perf_counter() - t0,

@@ -212,7 +212,7 @@ def test_stop_returns_after_every_handed_over_answer_is_sent(engine):
     t.join(30)
     svc.stop(30)                                 # 9 answers of 50 ms each on two threads: not all sent yet
     assert len(done) == 9 and len({id(r) for r in done}) == 9
-    assert not any(th.is_alive() for th in svc._responders.threads)
+    assert not any(th.is_alive() for th in svc.done.responders.threads)
 
 
 def test_host_memory_is_trimmed_when_idle_and_under_a_load_only_rarely(monkeypatch):
