@@ -2,7 +2,7 @@
 once and started again.
 
 Triton 2.51 neither restarts a Python stub that died (kill -9, the OOM killer, a crash in native
-code; python_backend r24.10 leaves the restart a TODO) nor answers the requests it held, and it
+code; python_backend r24.10 has no restart for it) nor answers the requests it held, and it
 goes on reporting the server and the model READY: every later request to the model fails after
 about a second with "Stub process '<instance>' is not healthy." So once a server is READY the watch
 holds a pidfd of each of its stubs, and check() (the launcher's loop, every 0.2 s) acts on a stub
