@@ -112,37 +112,55 @@ def run_one(model: str, backend: str, configs, folders: Path, warm_only: bool) -
     return cells
 
 
-def splitk_ab(models: list[str], folders: Path, configs=((1, 128), (1, 256), (2, 100)), rounds: int = 7) -> dict:
-    """Graph replay with the split-K projections on and off, the two engines' replays alternated
-    (round by round, 20 replays each) so that clocks and heat weigh on both alike; median of rounds."""
-    from rose_backend.layers import projection
+# The kernel variants of the small-batch forward: (split-K `o` / `down`, small-GEMM QKV / up with their
+# epilogues, programmatic dependent launch between our kernels). "splitk" is cuBLAS for the others.
+VARIANTS = {"cublas": (False, False, False), "splitk": (True, False, False), "splitk+pdl": (True, False, True),
+            "gemm": (True, True, False), "gemm+pdl": (True, True, True)}
+
+
+def kernel_ab(models: list[str], folders: Path, variants: list[str], backend: str = "torch_varlen",
+              configs=((1, 128), (1, 256), (1, 512), (2, 100)), rounds: int = 7) -> dict:
+    """Graph replay per kernel variant (VARIANTS), each captured on its own engine under its settings,
+    the engines' replays alternated (round by round, 20 replays each) so that clocks and heat weigh on
+    all alike; median of rounds, and each variant's output against the first one's (1 - cos)."""
+    from rose_backend.layers import projection, small_gemm
+    saved = (projection.max_tokens, projection.gemm_max_tokens, small_gemm.pdl)
+
+    def apply(name):
+        split, gemm, pdl = VARIANTS[name]
+        projection.max_tokens = saved[0] if split else 0
+        projection.gemm_max_tokens = max(saved[1], 256) if gemm else 0
+        small_gemm.pdl = pdl
     out = {}
     for model in models:
         cfg = ModelConfig.from_folder(make_folder(model, folders))
-        engines, limit = {}, projection.max_tokens
-        for name, lim in (("on", limit), ("off", 0)):
-            projection.max_tokens = lim
-            try:
-                eng = engines[name] = Engine(cfg, "cuda", attention="torch_varlen", max_tokens=4096, max_seqs=8)
+        engines, firsts = {}, {}
+        try:
+            for name in variants:
+                apply(name)
+                eng = engines[name] = Engine(cfg, "cuda", attention=backend, max_tokens=4096, max_seqs=8)
                 for s, n in configs:
                     b = PackedBatch(np.full(s * n, 7, np.int32), np.full(s, n, np.int32))
                     for _ in range(2):
-                        eng.step(b).synchronize()
-            finally:
-                projection.max_tokens = limit
+                        got = eng.step(b).synchronize()
+                    firsts.setdefault((s, n), got)
+                    got = got / np.linalg.norm(got, axis=1, keepdims=True)
+                    want = firsts[(s, n)] / np.linalg.norm(firsts[(s, n)], axis=1, keepdims=True)
+                    out.setdefault(f"{model} {s}x{n}", {}).setdefault("one_minus_cos", {})[name] = float(1 - (got * want).sum(1).min())
+        finally:
+            projection.max_tokens, projection.gemm_max_tokens, small_gemm.pdl = saved
         for s, n in configs:
             b = PackedBatch(np.full(s * n, 7, np.int32), np.full(s, n, np.int32))
-            key = engines["on"].graphs.key_for(s, s * n)
+            key = engines[variants[0]].graphs.key_for(s, s * n)
             keys = {k: next(x for x in e.graphs.entries if x[:2] == key) for k, e in engines.items()}
             times = {k: [] for k in engines}
             for _ in range(rounds):
                 for k, e in engines.items():
                     e.step(b).synchronize()     # stage this configuration's layout into the static buffer
                     times[k].append(events_ms(lambda: e.graphs.replay(keys[k]), 20))
-            med = {k: round(float(np.median(v)), 4) for k, v in times.items()}
-            out[f"{model} {s}x{n}"] = {"graph_ms_splitk_on": med["on"], "graph_ms_splitk_off": med["off"],
-                                       "saved_ms": round(med["off"] - med["on"], 4)}
-            print(model, f"{s}x{n}", json.dumps(out[f"{model} {s}x{n}"]), flush=True)
+            cell = out[f"{model} {s}x{n}"]
+            cell["graph_ms"] = {k: round(float(np.median(v)), 4) for k, v in times.items()}
+            print(model, f"{s}x{n}", json.dumps(cell), flush=True)
         del engines
         torch.cuda.empty_cache()
     return out
@@ -159,14 +177,16 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=240, help="seconds per (model, backend) process")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
-    ap.add_argument("--splitk-ab", action="store_true", help="only: split-K projections on vs off, alternated "
-                    "(torch varlen attention, 1x128, 1x256, 2x100); writes splitk_ab.json")
+    ap.add_argument("--kernel-ab", default=None, metavar="V1,V2,...", help="only: graph replay of the kernel "
+                    f"variants named ({', '.join(VARIANTS)}), alternated, at 1x128, 1x256, 1x512 and 2x100, on "
+                    "--backends' first backend; writes kernel_ab.json")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.splitk_ab:
-        res = {**run_record(args.git_commit, "cuda"), "cells": splitk_ab(args.models.split(","), Path(args.folders))}
-        (out_dir / "splitk_ab.json").write_text(json.dumps(res, indent=1))
+    if args.kernel_ab:
+        cells = kernel_ab(args.models.split(","), Path(args.folders), args.kernel_ab.split(","), args.backends.split(",")[0])
+        res = {**run_record(args.git_commit, "cuda"), "cells": cells}
+        (out_dir / "kernel_ab.json").write_text(json.dumps(res, indent=1))
         return 0
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     if args.one:

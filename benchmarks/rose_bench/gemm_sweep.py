@@ -44,14 +44,14 @@ def time_form(form: str, x, w, wt, reps: int = 50) -> float:
 
 def splitk_sweep(tokens: list[int]) -> list[dict]:
     """Small token counts: cuBLAS (F.linear with bias, as the models call it; and W @ x.T) against
-    the split-K kernel of rose_backend/layers/splitk_gemm.py over its configurations (kernel
+    the split-K kernel of rose_backend/layers/small_gemm.py over its configurations (kernel
     alone: its consumer sums the partials). Each row: us per call and the best configuration."""
     import itertools
 
     import torch
     import torch.nn.functional as F
 
-    from rose_backend.layers.splitk_gemm import splitk_matmul
+    from rose_backend.layers.small_gemm import splitk_matmul
     rows = []
     configs = [dict(splits=s, bm=bm, bn=bn, bk=bk, stages=st) for s, bm, bn, bk, st in
                itertools.product((2, 4, 8), (64, 128), (32, 64, 128), (64, 128), (3, 4))]

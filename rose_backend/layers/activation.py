@@ -15,10 +15,15 @@ _ACT = {
 }
 
 
-def activation(name: str):
+def activation_name(name: str) -> str:
+    """`name` if this module has it; else ValueError naming the supported ones."""
     if name not in _ACT:
         raise ValueError(f"activation {name!r} is not supported; supported: {sorted(_ACT)}")
-    return _ACT[name]
+    return name
+
+
+def activation(name: str):
+    return _ACT[activation_name(name)]
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ the residual add or the embedding gathers folded in). Imported only on CUDA.
     embed_layernorm(ids, pos, tok_w, pos_w, w, b, eps)  y = LN(tok_w[ids] + pos_w[pos])  [T, H]
     parts_add_layernorm(parts, bias, residual, w, b, eps)  y = LN(sum(parts) + bias + residual)
     parts_add_rmsnorm_(parts, bias, residual, w, eps)   residual += sum(parts) + bias; y = RMSNorm(residual)
-One program per row, float32 statistics, one read of each input and one write. `parts` are a
+One program per row, float32 statistics, one read of each input and one write; each takes part in
+programmatic dependent launch as layers/small_gemm.py says. `parts` are a
 split-K projection's fp32 partial products [S, T, H] (layers/projection.py).
 """
 from __future__ import annotations
@@ -15,11 +16,15 @@ import torch
 import triton
 import triton.language as tl
 
+from rose_backend.layers import small_gemm
+from rose_backend.layers.small_gemm import pdl_wait
+
 
 @triton.jit
 def _add_ln_kernel(x_ptr, r_ptr, ids_ptr, pos_ptr, w_ptr, b_ptr, y_ptr, stride_x, stride_r, stride_y,
-                   n_cols, eps, GATHER: tl.constexpr, BLOCK: tl.constexpr):
+                   n_cols, eps, GATHER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    pdl_wait(PDL)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     if GATHER:
@@ -49,7 +54,8 @@ def _launch(x, r, ids, pos, w, b, eps, rows, gather):
     warps = 4 if block <= 1024 else 8
     _add_ln_kernel[(rows,)](x, r, ids if gather else x, pos if gather else x, w, b, y,
                             x.stride(0), r.stride(0), y.stride(0), n, eps,
-                            GATHER=gather, BLOCK=block, num_warps=warps)
+                            GATHER=gather, BLOCK=block, num_warps=warps,
+                            **small_gemm.launch_options(small_gemm.use_pdl(x)))
     return y
 
 
@@ -69,8 +75,9 @@ def embed_layernorm(ids: torch.Tensor, positions: torch.Tensor, tok_w: torch.Ten
 @triton.jit
 def _parts_norm_kernel(p_ptr, bias_ptr, r_ptr, w_ptr, b_ptr, y_ptr, part_stride, stride_r, stride_y,
                        n_cols, eps, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    pdl_wait(PDL)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
@@ -101,7 +108,8 @@ def _parts_norm(parts, bias, residual, weight, norm_bias, eps, rms):
     _parts_norm_kernel[(rows,)](parts, bias if bias is not None else weight, residual, weight,
                                 norm_bias if norm_bias is not None else weight, y, rows * n,
                                 residual.stride(0), y.stride(0), n, eps, PARTS=s, HAS_BIAS=bias is not None,
-                                RMS=rms, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+                                RMS=rms, BLOCK=block, num_warps=4 if block <= 1024 else 8,
+                                **small_gemm.launch_options(small_gemm.use_pdl(parts)))
     return y
 
 

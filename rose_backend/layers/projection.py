@@ -1,7 +1,8 @@
-"""Projections that feed a residual add + norm (`o` and `down`): split-K at small token counts.
+"""The projections at small token counts: split-K for those that feed a residual add + norm (`o`
+and `down`), one kernel with its epilogue for the others (QKV, up + GELU, gate/up + SwiGLU).
 
 At 128-256 tokens cuBLAS leaves most SMs idle on these narrow GEMMs (N = hidden size, K up to
-4096); the split-K kernel (layers/splitk_gemm.py) measured 8.5 -> 5.1 us for BGE-M3's `down` and
+4096); the split-K kernel (layers/small_gemm.py) measured 8.5 -> 5.1 us for BGE-M3's `down` and
 5.6 -> 4.0 us for pplx-embed's `o` at 128 tokens on the H200 (benchmarks/results/
 gemm-sweep-splitk/bge-m3-pplx-embed-h200.json), and was slower from 512 tokens on. It returns fp32 partial products; the
 add + norm that follows (layers/norm.py) sums them with the bias and the residual in one pass, so
@@ -9,9 +10,11 @@ the split adds no kernel, and the projection's output is never rounded to bf16.
 
     y = project_for_norm(x, linear)     # linear(x), or Partials on CUDA at <= max_tokens tokens
     x = add_norm(y, residual)           # AddLayerNorm / AddRMSNorm take either
+    h = project(x, linear, "gelu")      # act(linear(x)): "none", "swiglu" or a config.json activation
 
-`max_tokens` (module attribute; from $ROSE_SPLITK_MAX_TOKENS, layers/switches.py) bounds the
-token count; the fused-kernel switch (layers/fused.py) turns it off with the other kernels.
+`max_tokens` and `gemm_max_tokens` (module attributes; from $ROSE_SPLITK_MAX_TOKENS and
+$ROSE_SMALL_GEMM_MAX_TOKENS, layers/switches.py) bound the token counts; the fused-kernel switch
+(layers/fused.py) turns both off with the other kernels.
 """
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ import torch
 from torch import nn
 
 from rose_backend.layers import fused, switches
+from rose_backend.layers.activation import linear_act, silu_and_mul
 
 max_tokens = switches.splitk_max_tokens()
+gemm_max_tokens = switches.small_gemm_max_tokens()
 _BK = 128
 
 
@@ -43,6 +48,25 @@ def project_for_norm(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor | Parti
     if 0 < t <= max_tokens and fused.half_kernels(x) and x.stride(-1) == 1:
         s = splits_for(t, k)
         if k % (s * _BK) == 0:
-            from rose_backend.layers.splitk_gemm import splitk_matmul     # triton: CUDA hosts only
+            from rose_backend.layers.small_gemm import splitk_matmul     # triton: CUDA hosts only
             return Partials(splitk_matmul(x, linear.weight, s, bm=64, bn=64, bk=_BK, stages=3), linear.bias)
     return linear(x)
+
+
+def project(x: torch.Tensor, linear: nn.Module, act: str = "none") -> torch.Tensor:
+    """act(linear(x)) for x [T, K] -> [T, N] ([T, N / 2] for "swiglu": gate rows, then up rows); act
+    is "none", "swiglu" or a config.json activation name. One small-GEMM kernel with the bias and the
+    activation in its epilogue at <= gemm_max_tokens tokens on CUDA in bf16 / fp16; else cuBLAS or torch."""
+    t, k = x.shape
+    kernel_act = _KERNEL_ACT.get(act)
+    if (kernel_act and 0 < t <= gemm_max_tokens and fused.half_kernels(x) and x.stride(-1) == 1 and k % 64 == 0
+            and type(linear) is nn.Linear and linear.weight.dtype == x.dtype):
+        from rose_backend.layers.small_gemm import gemm_act                # triton: CUDA hosts only
+        return gemm_act(x, linear.weight, linear.bias, kernel_act)
+    if act == "swiglu":
+        return silu_and_mul(linear(x))
+    return linear(x) if act == "none" else linear_act(x, linear, act)
+
+
+# this module's names -> the small-GEMM kernel's epilogues
+_KERNEL_ACT = {"none": "none", "swiglu": "swiglu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}

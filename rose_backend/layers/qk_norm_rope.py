@@ -16,12 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
+from rose_backend.layers import small_gemm
+from rose_backend.layers.small_gemm import pdl_wait
+
 
 @triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, pos_ptr, qw_ptr, kw_ptr, cs_ptr, stride_t, eps,
                          HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                         BLOCK_H: tl.constexpr):
+                         BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
+    pdl_wait(PDL)
     half: tl.constexpr = D // 2
     heads = tl.arange(0, BLOCK_H)                        # q heads then k heads: HQ + HKV <= BLOCK_H
     cols = tl.arange(0, half)
@@ -64,5 +68,5 @@ def qk_norm_rope_(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Te
         block_h = triton.next_power_of_2(num_q_heads + num_kv_heads)
         _qk_norm_rope_kernel[(t,)](qkv, positions, q_weight, k_weight, cos_sin_cache.contiguous(),
                                    qkv.stride(0), eps, HQ=num_q_heads, HKV=num_kv_heads, D=d,
-                                   BLOCK_H=block_h, num_warps=4)
+                                   BLOCK_H=block_h, num_warps=4, **small_gemm.launch_options(small_gemm.use_pdl(qkv)))
     return qkv

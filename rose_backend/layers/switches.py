@@ -7,6 +7,10 @@ hosts where a kernel misbehaves; the served settings are the `rose` parameters, 
                                    largest batch scales with it: 8,192 tokens per 256 MiB)
     ROSE_SPLITK_MAX_TOKENS         largest token count that runs the split-K projections (default 256;
                                    0: never); layers/projection.py keeps it as `max_tokens`
+    ROSE_SMALL_GEMM_MAX_TOKENS     largest token count whose QKV / up / gate-up projections run the small-GEMM
+                                   kernel with their epilogue (layers/small_gemm.py; default 256; 0: cuBLAS)
+    ROSE_TRITON_PDL                0: our triton-language kernels launch without programmatic dependent
+                                   launch (default 1); read when a graph is captured or an eager pass runs
     ROSE_FLASHINFER_PDL            0: flashinfer's norm and SiLU-and-mul kernels launch without
                                    programmatic dependent launch (default: flashinfer's choice, on
                                    from sm_90); read when a graph is captured or an eager pass runs
@@ -29,6 +33,14 @@ def flashinfer_workspace_mb() -> int:
 
 def splitk_max_tokens() -> int:
     return int(os.environ.get("ROSE_SPLITK_MAX_TOKENS", "256"))
+
+
+def small_gemm_max_tokens() -> int:
+    return int(os.environ.get("ROSE_SMALL_GEMM_MAX_TOKENS", "256"))
+
+
+def triton_pdl() -> bool:
+    return os.environ.get("ROSE_TRITON_PDL", "1") != "0"
 
 
 def flashinfer_pdl() -> bool | None:

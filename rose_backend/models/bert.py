@@ -6,9 +6,10 @@ the per-batch layout (cu_seqlens), planned by the engine before the pass.
 
 Per layer, seven kernels on CUDA: fused QKV projection (GEMM with bias epilogue), ragged attention
 (one kernel), output projection, add+LayerNorm (one Triton kernel), up projection with the GELU in
-the cuBLASLt epilogue, down projection, add+LayerNorm. The embedding gathers, their add and the
-LayerNorm are one more kernel per forward pass. Up to 256 tokens the output and down projections
-run split-K and their add+LayerNorm sums the partials (layers/projection.py).
+its epilogue, down projection, add+LayerNorm. The embedding gathers, their add and the LayerNorm are
+one more kernel per forward pass. Up to 256 tokens the projections are our small-GEMM kernels
+(`o` and `down` split-K, their add+LayerNorm summing the partials) chained by programmatic dependent
+launch (layers/projection.py, layers/small_gemm.py); above, cuBLAS with the GELU in its epilogue.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import torch
 from torch import nn
 
 from rose_backend.config import ModelConfig
-from rose_backend.layers.activation import linear_act
+from rose_backend.layers.activation import activation_name
 from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddLayerNorm
-from rose_backend.layers.projection import project_for_norm
+from rose_backend.layers.projection import project, project_for_norm
 from rose_backend.loading import PackedLoader, iter_safetensors, strip_prefix
 from rose_backend.models.packed import PackedModel
 
@@ -39,15 +40,15 @@ class BertLayer(nn.Module):
         self.ffn_up = nn.Linear(h, f)
         self.ffn_down = nn.Linear(f, h)
         self.ffn_norm = AddLayerNorm(h, eps=cfg.norm_eps)
-        self.act_name = cfg.hidden_act
+        self.act_name = activation_name(cfg.hidden_act)
         self.attn: AttentionBackend | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
+        q, k, v = project(x, self.qkv).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
         a = self.attn.run(q, k, v).reshape(t, -1)                                     # [T, H]
         x = self.attn_norm(project_for_norm(a, self.o_proj), x)
-        h = linear_act(x, self.ffn_up, self.act_name)                                   # [T, F]
+        h = project(x, self.ffn_up, self.act_name)                                     # [T, F]
         return self.ffn_norm(project_for_norm(h, self.ffn_down), x)
 
 

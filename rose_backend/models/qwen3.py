@@ -24,10 +24,9 @@ from torch import nn
 
 from rose_backend.config import ModelConfig
 from rose_backend.layers import fused
-from rose_backend.layers.activation import silu_and_mul
 from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddRMSNorm, RMSNorm
-from rose_backend.layers.projection import project_for_norm
+from rose_backend.layers.projection import project, project_for_norm
 from rose_backend.layers.rotary import RotaryEmbedding
 from rose_backend.loading import PackedLoader, iter_safetensors, strip_prefix
 from rose_backend.models.packed import PackedModel
@@ -59,7 +58,7 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)                                                          # [T, (Hq + 2 Hkv) D]
+        qkv = project(x, self.qkv_proj)                                                 # [T, (Hq + 2 Hkv) D]
         rope, fuse = self.rotary[0], fused.half_kernels(qkv)
         if fuse:              # q/k norms and RoPE in one kernel, in place on qkv's q and k columns
             from rose_backend.layers.qk_norm_rope import qk_norm_rope_     # Triton: CUDA hosts only
@@ -83,7 +82,7 @@ class Qwen3MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return project_for_norm(silu_and_mul(self.gate_up_proj(x)), self.down_proj)    # [T, 2F] -> [T, H] (or Partials)
+        return project_for_norm(project(x, self.gate_up_proj, "swiglu"), self.down_proj)   # [T, F] -> [T, H] (or Partials)
 
 
 class Qwen3Layer(nn.Module):
