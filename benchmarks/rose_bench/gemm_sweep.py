@@ -84,6 +84,46 @@ def splitk_sweep(tokens: list[int]) -> list[dict]:
     return rows
 
 
+def small_gemm_sweep(tokens: list[int]) -> list[dict]:
+    """Small token counts, the projections that end in an epilogue (QKV, up + GELU, gate/up + SwiGLU):
+    cuBLAS as the models call it (GELU in the cuBLASLt epilogue; SwiGLU as GEMM + flashinfer's kernel
+    where installed) against the small-GEMM kernel of rose_backend/layers/small_gemm.py over its
+    configurations (BM, BN, BK, warps, stages). Each row: us per call and the best configuration."""
+    import itertools
+
+    import torch
+    import torch.nn.functional as F
+
+    from rose_backend.layers import small_gemm
+    from rose_backend.layers.activation import silu_and_mul
+    rows = []
+    configs = list(itertools.product((64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 5, 7)))
+    for name, n, k, act in (("bge qkv", 3072, 1024, "none"), ("bge up", 4096, 1024, "gelu"),
+                            ("pplx qkv", 4096, 1024, "none"), ("pplx gate_up", 6144, 1024, "swiglu")):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if act != "swiglu" else None
+        cublas = {"none": lambda: F.linear(x, w, b), "gelu": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
+                  "swiglu": lambda: silu_and_mul(F.linear(x, w))}[act]
+        for m in tokens:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            us = {"cublas": round(time_fn(cublas), 2)}
+            best, best_us = None, float("inf")
+            for bm, bn, bk, warps, stages in configs:
+                if bm > 64 and m <= 64:
+                    continue
+                try:
+                    t = time_fn(lambda: small_gemm.gemm_act(x, w, b, act, config=(bm, bn, bk, warps), stages=stages))
+                except Exception as e:      # a configuration the compiler refuses (shared memory)
+                    print(f"  {name} {m} {(bm, bn, bk, warps, stages)}: {type(e).__name__}", flush=True)
+                    continue
+                if t < best_us:
+                    best, best_us = dict(bm=bm, bn=bn, bk=bk, warps=warps, stages=stages), t
+            us["small_gemm"] = round(best_us, 2)
+            rows.append({"shape": name, "n": n, "k": k, "act": act, "tokens": m, "us": us, "small_gemm_config": best})
+            print(f"{name:<13} {m:>5} " + " ".join(f"{f} {v:7.2f}" for f, v in us.items()) + f"  {best}", flush=True)
+    return rows
+
+
 def time_fn(fn, reps: int = 50) -> float:
     """us per call of fn, `reps` calls captured in one CUDA graph, median of 10 replays."""
     import torch
@@ -105,10 +145,15 @@ def main(argv=None) -> int:
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     ap.add_argument("--splitk", action="store_true", help="small token counts: cuBLAS vs the split-K kernel "
                     "(--tokens default 128,256,512); writes gemm_splitk.json")
+    ap.add_argument("--small-gemm", action="store_true", help="small token counts: cuBLAS vs the small-GEMM "
+                    "kernel with its epilogue (--tokens default 128,256); writes gemm_small.json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gemm-sweep needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.small_gemm:
+        tokens = [int(t) for t in (args.tokens if args.tokens != DEFAULT_TOKENS else "128,256").split(",")]
+        return save(small_gemm_sweep(tokens), Path(args.out) / "gemm_small.json", args.git_commit)
     if args.splitk:
         tokens = [int(t) for t in (args.tokens if args.tokens != DEFAULT_TOKENS else "128,256,512").split(",")]
         return save(splitk_sweep(tokens), Path(args.out) / "gemm_splitk.json", args.git_commit)

@@ -111,7 +111,7 @@ def _config(m: int, n: int) -> tuple[int, int, int, int]:
 
 
 def gemm_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: str = "none",
-             config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+             config: tuple[int, int, int, int] | None = None, stages: int = 3) -> torch.Tensor:
     """act(x @ w.T + bias) for x [M, K], w [N, K] (rows contiguous) -> [M, N] ([M, N / 2] for swiglu)."""
     m, k = x.shape
     n = w.shape[0] // 2 if act == "swiglu" else w.shape[0]
@@ -125,7 +125,7 @@ def gemm_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: s
         _gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), 1)](
             x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), k, n,
             ACT=ACTS[act], HAS_BIAS=bias is not None, PARTIALS=False, LINES=_lines(k) if on else 0,
-            BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=3, **launch_options(on))
+            BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **launch_options(on))
     return y
 
 
