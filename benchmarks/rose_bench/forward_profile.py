@@ -130,7 +130,7 @@ def kernel_ab(models: list[str], folders: Path, variants: list[str], backend: st
         split, gemm, pdl = VARIANTS[name]
         projection.max_tokens = saved[0] if split else 0
         projection.gemm_max_tokens = max(saved[1], 256) if gemm else 0
-        small_gemm.pdl = pdl
+        small_gemm.pdl = max(saved[2], 128) if pdl else 0
     out = {}
     for model in models:
         cfg = ModelConfig.from_folder(make_folder(model, folders))

@@ -55,7 +55,7 @@ def _launch(x, r, ids, pos, w, b, eps, rows, gather):
     _add_ln_kernel[(rows,)](x, r, ids if gather else x, pos if gather else x, w, b, y,
                             x.stride(0), r.stride(0), y.stride(0), n, eps,
                             GATHER=gather, BLOCK=block, num_warps=warps,
-                            **small_gemm.launch_options(small_gemm.use_pdl(x)))
+                            **small_gemm.launch_options(small_gemm.use_pdl(x, rows)))
     return y
 
 
@@ -109,7 +109,7 @@ def _parts_norm(parts, bias, residual, weight, norm_bias, eps, rms):
                                 norm_bias if norm_bias is not None else weight, y, rows * n,
                                 residual.stride(0), y.stride(0), n, eps, PARTS=s, HAS_BIAS=bias is not None,
                                 RMS=rms, BLOCK=block, num_warps=4 if block <= 1024 else 8,
-                                **small_gemm.launch_options(small_gemm.use_pdl(parts)))
+                                **small_gemm.launch_options(small_gemm.use_pdl(parts, rows)))
     return y
 
 

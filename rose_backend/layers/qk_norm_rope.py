@@ -68,5 +68,5 @@ def qk_norm_rope_(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Te
         block_h = triton.next_power_of_2(num_q_heads + num_kv_heads)
         _qk_norm_rope_kernel[(t,)](qkv, positions, q_weight, k_weight, cos_sin_cache.contiguous(),
                                    qkv.stride(0), eps, HQ=num_q_heads, HKV=num_kv_heads, D=d,
-                                   BLOCK_H=block_h, num_warps=4, **small_gemm.launch_options(small_gemm.use_pdl(qkv)))
+                                   BLOCK_H=block_h, num_warps=4, **small_gemm.launch_options(small_gemm.use_pdl(qkv, t)))
     return qkv

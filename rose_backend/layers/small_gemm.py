@@ -25,7 +25,8 @@ import triton.language as tl
 
 from rose_backend.layers import switches
 
-pdl = switches.triton_pdl() and os.environ.get("TRITON_INTERPRET") != "1"   # read at each launch / capture
+# the largest token count whose kernels launch with PDL (0: none); read at each launch / capture
+pdl = switches.triton_pdl_max_tokens() if os.environ.get("TRITON_INTERPRET") != "1" else 0
 _HOPPER: dict[int, bool] = {}
 ACTS = {"none": 0, "gelu": 1, "swiglu": 2, "gelu_tanh": 3}
 
@@ -104,14 +105,12 @@ def _lines(k_span: int) -> int:
 
 
 def _config(m: int, n: int) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, warps) for a full-K GEMM of M tokens and N outputs: every SM busy at 128-256 tokens."""
-    bm = 64 if m <= 64 else 128
-    bn = 32 if n * triton.cdiv(m, bm) <= 4096 else 64
-    return bm, bn, 64, 4
+    """(BM, BN, BK, warps): the H200 sweep's best at 128 tokens for all four shapes (with 5 stages)."""
+    return 64, 64, 64, 4
 
 
 def gemm_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: str = "none",
-             config: tuple[int, int, int, int] | None = None, stages: int = 3) -> torch.Tensor:
+             config: tuple[int, int, int, int] | None = None, stages: int = 5) -> torch.Tensor:
     """act(x @ w.T + bias) for x [M, K], w [N, K] (rows contiguous) -> [M, N] ([M, N / 2] for swiglu)."""
     m, k = x.shape
     n = w.shape[0] // 2 if act == "swiglu" else w.shape[0]
@@ -120,7 +119,7 @@ def gemm_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: s
     if k % bk:
         raise ValueError(f"K={k} is not a multiple of BK={bk}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    on = use_pdl(x)
+    on = use_pdl(x, m)
     if m:
         _gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), 1)](
             x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), k, n,
@@ -139,7 +138,7 @@ def splitk_matmul(x: torch.Tensor, w: torch.Tensor, splits: int, bm: int = 64, b
         raise ValueError(f"K={k} is not a multiple of splits x BK = {splits} x {bk}")
     if out is None:
         out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    on = use_pdl(x)
+    on = use_pdl(x, m)
     if m:
         _gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), splits)](
             x, w, w, out, m, n, k, x.stride(0), w.stride(0), n, k // splits, 0,
@@ -148,9 +147,10 @@ def splitk_matmul(x: torch.Tensor, w: torch.Tensor, splits: int, bm: int = 64, b
     return out
 
 
-def use_pdl(t: torch.Tensor) -> bool:
-    """Programmatic dependent launch for kernels on t's device: the switch is on and the GPU has it (sm_90+)."""
-    if not (pdl and t.is_cuda):
+def use_pdl(t: torch.Tensor, tokens: int) -> bool:
+    """Programmatic dependent launch for a kernel over `tokens` tokens on t's device: at most `pdl`
+    tokens, and the GPU has it (sm_90+)."""
+    if not (0 < tokens <= pdl and t.is_cuda):
         return False
     i = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if i not in _HOPPER:

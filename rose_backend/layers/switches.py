@@ -8,9 +8,10 @@ hosts where a kernel misbehaves; the served settings are the `rose` parameters, 
     ROSE_SPLITK_MAX_TOKENS         largest token count that runs the split-K projections (default 256;
                                    0: never); layers/projection.py keeps it as `max_tokens`
     ROSE_SMALL_GEMM_MAX_TOKENS     largest token count whose QKV / up / gate-up projections run the small-GEMM
-                                   kernel with their epilogue (layers/small_gemm.py; default 256; 0: cuBLAS)
-    ROSE_TRITON_PDL                0: our triton-language kernels launch without programmatic dependent
-                                   launch (default 1); read when a graph is captured or an eager pass runs
+                                   kernel with their epilogue (layers/small_gemm.py; default 128; 0: cuBLAS)
+    ROSE_TRITON_PDL                largest token count whose triton-language kernels launch with
+                                   programmatic dependent launch (default 128; 0: never); read when a
+                                   graph is captured or an eager pass runs
     ROSE_FLASHINFER_PDL            0: flashinfer's norm and SiLU-and-mul kernels launch without
                                    programmatic dependent launch (default: flashinfer's choice, on
                                    from sm_90); read when a graph is captured or an eager pass runs
@@ -36,11 +37,11 @@ def splitk_max_tokens() -> int:
 
 
 def small_gemm_max_tokens() -> int:
-    return int(os.environ.get("ROSE_SMALL_GEMM_MAX_TOKENS", "256"))
+    return int(os.environ.get("ROSE_SMALL_GEMM_MAX_TOKENS", "128"))
 
 
-def triton_pdl() -> bool:
-    return os.environ.get("ROSE_TRITON_PDL", "1") != "0"
+def triton_pdl_max_tokens() -> int:
+    return int(os.environ.get("ROSE_TRITON_PDL", "128"))
 
 
 def flashinfer_pdl() -> bool | None:

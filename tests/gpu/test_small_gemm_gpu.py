@@ -26,7 +26,7 @@ def _small_gemm():
     return small_gemm
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "pdl"])
+@pytest.fixture(params=[0, 4096], ids=["plain", "pdl"])
 def pdl(request, monkeypatch):
     monkeypatch.setattr(_small_gemm(), "pdl", request.param)
     return request.param
@@ -69,9 +69,9 @@ def test_a_pdl_chain_in_a_graph_matches_eager(monkeypatch):
             u = sg.gemm_act(x, w_up, None, "gelu")
             x = fk.parts_add_layernorm(sg.splitk_matmul(u, w_down, 4), None, x, ln_w, ln_b, 1e-5)
         return x
-    monkeypatch.setattr(sg, "pdl", False)
+    monkeypatch.setattr(sg, "pdl", 0)
     want = chain(x0)
-    monkeypatch.setattr(sg, "pdl", True)
+    monkeypatch.setattr(sg, "pdl", 4096)
     static_x = x0.clone()
     chain(static_x)                                   # compile the PDL variants outside the capture
     torch.cuda.synchronize()
