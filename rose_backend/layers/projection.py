@@ -1,5 +1,5 @@
 """The projections at small token counts: split-K for those that feed a residual add + norm (`o`
-and `down`), one kernel with its epilogue for the others (QKV, up + GELU, gate/up + SwiGLU).
+and `down`), and gate/up with the SwiGLU in the GEMM's epilogue.
 
 At 128-256 tokens cuBLAS leaves most SMs idle on these narrow GEMMs (N = hidden size, K up to
 4096); the split-K kernel (layers/small_gemm.py) measured 8.5 -> 5.1 us for BGE-M3's `down` and
@@ -55,18 +55,15 @@ def project_for_norm(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor | Parti
 
 def project(x: torch.Tensor, linear: nn.Module, act: str = "none") -> torch.Tensor:
     """act(linear(x)) for x [T, K] -> [T, N] ([T, N / 2] for "swiglu": gate rows, then up rows); act
-    is "none", "swiglu" or a config.json activation name. One small-GEMM kernel with the bias and the
-    activation in its epilogue at <= gemm_max_tokens tokens on CUDA in bf16 / fp16; else cuBLAS or torch."""
+    is "none", "swiglu" or a config.json activation name. SwiGLU at <= gemm_max_tokens tokens on CUDA
+    in bf16 / fp16 is one small-GEMM kernel with it in the epilogue (cuBLAS has no such epilogue: GEMM
+    then SiLU-and-mul); everything else is cuBLAS (a GELU in its epilogue), which the H200 sweep found
+    faster than the small-GEMM kernel for QKV and up + GELU at 128 tokens."""
     t, k = x.shape
-    kernel_act = _KERNEL_ACT.get(act)
-    if (kernel_act and 0 < t <= gemm_max_tokens and fused.half_kernels(x) and x.stride(-1) == 1 and k % 64 == 0
-            and type(linear) is nn.Linear and linear.weight.dtype == x.dtype):
+    if (act == "swiglu" and 0 < t <= gemm_max_tokens and fused.half_kernels(x) and x.stride(-1) == 1
+            and k % 64 == 0 and type(linear) is nn.Linear and linear.weight.dtype == x.dtype):
         from rose_backend.layers.small_gemm import gemm_act                # triton: CUDA hosts only
-        return gemm_act(x, linear.weight, linear.bias, kernel_act)
+        return gemm_act(x, linear.weight, linear.bias, "swiglu")
     if act == "swiglu":
         return silu_and_mul(linear(x))
     return linear(x) if act == "none" else linear_act(x, linear, act)
-
-
-# this module's names -> the small-GEMM kernel's epilogues
-_KERNEL_ACT = {"none": "none", "swiglu": "swiglu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}

@@ -7,8 +7,9 @@ hosts where a kernel misbehaves; the served settings are the `rose` parameters, 
                                    largest batch scales with it: 8,192 tokens per 256 MiB)
     ROSE_SPLITK_MAX_TOKENS         largest token count that runs the split-K projections (default 256;
                                    0: never); layers/projection.py keeps it as `max_tokens`
-    ROSE_SMALL_GEMM_MAX_TOKENS     largest token count whose QKV / up / gate-up projections run the small-GEMM
-                                   kernel with their epilogue (layers/small_gemm.py; default 128; 0: cuBLAS)
+    ROSE_SMALL_GEMM_MAX_TOKENS     largest token count whose gate/up projection runs the small-GEMM kernel
+                                   with the SwiGLU in its epilogue (layers/small_gemm.py; default 128;
+                                   0: cuBLAS, then flashinfer's SiLU-and-mul)
     ROSE_TRITON_PDL                largest token count whose triton-language kernels launch with
                                    programmatic dependent launch (default 128; 0: never); read when a
                                    graph is captured or an eager pass runs

@@ -7,9 +7,9 @@ the per-batch layout (cu_seqlens), planned by the engine before the pass.
 Per layer, seven kernels on CUDA: fused QKV projection (GEMM with bias epilogue), ragged attention
 (one kernel), output projection, add+LayerNorm (one Triton kernel), up projection with the GELU in
 its epilogue, down projection, add+LayerNorm. The embedding gathers, their add and the LayerNorm are
-one more kernel per forward pass. Up to 256 tokens the projections are our small-GEMM kernels
-(`o` and `down` split-K, their add+LayerNorm summing the partials) chained by programmatic dependent
-launch (layers/projection.py, layers/small_gemm.py); above, cuBLAS with the GELU in its epilogue.
+one more kernel per forward pass. Up to 256 tokens the output and down projections run split-K and
+their add+LayerNorm sums the partials; up to 128 those kernels launch with programmatic dependent
+launch (layers/projection.py, layers/small_gemm.py).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = project(x, self.qkv).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
+        q, k, v = self.qkv(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)   # 3 x [T, nh, hd]
         a = self.attn.run(q, k, v).reshape(t, -1)                                     # [T, H]
         x = self.attn_norm(project_for_norm(a, self.o_proj), x)
         h = project(x, self.ffn_up, self.act_name)                                     # [T, F]

@@ -58,7 +58,7 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        qkv = project(x, self.qkv_proj)                                                 # [T, (Hq + 2 Hkv) D]
+        qkv = self.qkv_proj(x)                                                          # [T, (Hq + 2 Hkv) D]
         rope, fuse = self.rotary[0], fused.half_kernels(qkv)
         if fuse:              # q/k norms and RoPE in one kernel, in place on qkv's q and k columns
             from rose_backend.layers.qk_norm_rope import qk_norm_rope_     # Triton: CUDA hosts only

@@ -146,10 +146,10 @@ def test_models_with_small_gemm_projections_match_float32(tmp_path, kind, monkey
             for _ in range(3):                                           # eager, capture, replay
                 got = eng.embed(seqs)
                 assert cos_dist(got, want[id(seqs)]).max() <= TOL, (kind, limit, len(seqs))
-        # two projections a layer ran split, two more as small GEMMs, in the eager and the capturing
-        # pass of the small batch only
+        # two projections a layer ran split (and Qwen3's gate/up as a small GEMM), in the eager and
+        # the capturing pass of the small batch only
         assert len(calls) == (2 * cfg.num_layers * 2 if limit else 0), calls
-        assert len(gemms) == len(calls), gemms
+        assert len(gemms) == (len(calls) // 2 if kind == "qwen3" else 0), gemms
         assert all(t <= limit for t in calls + gemms)
         del eng
         torch.cuda.empty_cache()
