@@ -112,8 +112,8 @@ def run_one(model: str, backend: str, configs, folders: Path, warm_only: bool) -
     return cells
 
 
-# The kernel variants of the small-batch forward: (split-K `o` / `down`, small-GEMM QKV / up with their
-# epilogues, programmatic dependent launch between our kernels). "splitk" is cuBLAS for the others.
+# The kernel variants of the small-batch forward: (split-K `o` / `down`, gate/up + SwiGLU as the
+# small-GEMM kernel, programmatic dependent launch between our kernels). "splitk" is cuBLAS for the others.
 VARIANTS = {"cublas": (False, False, False), "splitk": (True, False, False), "splitk+pdl": (True, False, True),
             "gemm": (True, True, False), "gemm+pdl": (True, True, True)}
 
