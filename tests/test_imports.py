@@ -3,7 +3,8 @@ import, module level or inside a function), over every package: the client impor
 server side; every module imports only its own layer and those below it (rose_backend's serving core
 -> engine -> models -> layers -> config / loading, the Triton glue above the core, the launch room's
 process control above the served models, the gateway and the benchmarks on top); of the client the
-server side imports only its key rules; only the Triton glue knows Triton's Python backend; the
+server side imports only its key rules; the gateway takes of rose_backend only what it shares with the
+server (process helpers, model folder, tokenize settings, stage clock), nothing of process control; only the Triton glue knows Triton's Python backend; the
 shipped packages import none of the fixtures (rose_testing), which the distribution leaves out; no
 import cycles; no module over 350 lines outside tests/."""
 from __future__ import annotations
@@ -22,6 +23,7 @@ PACKAGES = {"rose_client": ROOT / "client" / "rose_client", "rose_backend": ROOT
 # and those below it.
 RANKS = [("rose_client", 0),                  # the client: gRPC streaming, balancing, the key rules
          ("rose_backend.config", 1), ("rose_backend.loading", 1), ("rose_backend.model_kind", 1),
+         ("rose_backend.processes", 1),       # port check, parent death, owned folders: launcher and gateway
          ("rose_backend.layers", 2), ("rose_backend.models", 3), ("rose_backend.engine", 4),
          ("rose_backend.serving", 5),         # the serving core: pool, scheduler, completion (no Triton)
          ("rose_backend.triton", 6),          # the Triton glue: the rose model, settings, stub helpers
@@ -29,7 +31,7 @@ RANKS = [("rose_client", 0),                  # the client: gRPC streaming, bala
          ("rose_backend.launch", 8),          # process control: tritonserver and the gateway as children
          ("rose_backend.precompile", 9),
          ("rose_testing", 9),                 # the tests' and benchmarks' fixtures (not shipped)
-         ("rose_gateway", 10),                # the HTTP gateway: the client, the tokenize code, launch helpers
+         ("rose_gateway", 10),                # the HTTP gateway: the client, the tokenize code, GATEWAY_TAKES
          ("rose_bench", 11),
          ("rose_backend", 1)]                 # the package's own __init__ (its version)
 SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_gateway", "rose_bench", "rose_testing", "torch", "transformers",
@@ -41,6 +43,10 @@ MAX_LINES = 350
 # headers and the keys' allowed form (rose_client/auth.py: no imports of its own), defined once for the
 # client, the gateway and the launcher.
 SHARED_WITH_THE_CLIENT = {"rose_client.auth"}
+# What the gateway takes of rose_backend: what it shares with the server, each in its one home. The
+# launcher starts the gateway by its command line, and the gateway imports nothing of process control.
+GATEWAY_TAKES = {"rose_backend.processes", "rose_backend.config", "rose_backend.triton.model_settings",
+                 "rose_backend.serving.stage_clock"}
 
 
 def _modules() -> dict[str, Path]:
@@ -116,6 +122,13 @@ def test_the_server_side_takes_only_the_key_rules_of_the_client():
     taken = sorted(f"{m} -> {i}" for m, imps in IMPORTS.items() if _within(m, "rose_backend") or _within(m, "rose_ensemble")
                    for i in imps if _within(i, "rose_client") and i not in SHARED_WITH_THE_CLIENT)
     assert not taken, taken
+
+
+def test_the_gateway_takes_of_rose_backend_only_what_it_shares():
+    taken = {f"{m} -> {i}" for m, imps in IMPORTS.items() if _within(m, "rose_gateway")
+             for i in imps if _within(i, "rose_backend") and i != "rose_backend"}
+    assert not [t for t in taken if "rose_backend.launch" in t], sorted(taken)
+    assert not [t for t in taken if t.split(" -> ")[1] not in GATEWAY_TAKES], sorted(taken)
 
 
 def test_the_shipped_packages_import_no_fixtures():

@@ -18,7 +18,7 @@ folder (PROMETHEUS_MULTIPROC_DIR: the workers' metrics are kept there too, metri
 /health counts ("workers": serving / started: the marks of live workers; a dead worker's mark goes
 when it is started again); the folder is removed when the gateway exits, and
 one whose gateway was killed, by the next gateway or by the launcher that reaped it
-(rose_backend.launch.scratch).
+(rose_backend/processes.py).
 """
 from __future__ import annotations
 
@@ -106,8 +106,7 @@ def remove_mark(state_dir: str, pid: int) -> None:
 
 def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) -> int:
     """Run `workers` worker processes of `python -m rose_gateway argv` on host:port until SIGTERM."""
-    from rose_backend.launch.scratch import GATEWAY_STATE_PREFIX, owned_folder
-    from rose_backend.launch.supervision import PortInUse, check_ports_free, die_with_parent
+    from rose_backend.processes import GATEWAY_STATE_PREFIX, PortInUse, check_ports_free, die_with_parent, owned_folder
     try:
         check_ports_free(host, {"gateway": port})
         guard = reuseport_socket(host, port)

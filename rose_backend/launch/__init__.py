@@ -9,5 +9,6 @@ them within their bounds, and clean up after them (what `make serve` runs: pytho
     deployment.py      the model repository, the models a folder is served with, the ports
     keys.py, argv_scrub.py   API and admin keys, hidden from process listings
     args.py, banner.py       the command line and what is printed once it serves
-    supervision.py, connections.py   parent death, ports, exit timeouts, compile caches, sockets
+    supervision.py, connections.py   exit timeouts, compile caches, sockets (parent death and the
+                       port check: rose_backend/processes.py, shared with the gateway)
 """

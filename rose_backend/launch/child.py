@@ -8,7 +8,7 @@
 spawn(): the child leads a process group of its own, detached from the launcher's terminal (a
 Ctrl-C there reaches the launcher only, which stops its children in order), its output is appended
 to `log_file` when one is set, and with `die_with_parent` the kernel SIGKILLs it when the thread
-that started it dies (a killed launcher: supervision.die_with_parent). kill_group(): SIGKILL to
+that started it dies (a killed launcher: rose_backend.processes.die_with_parent). kill_group(): SIGKILL to
 whatever is left of its group (its Python stubs, its worker processes). As a context manager: start() and wait_ready()
 (stop() if either fails), stop() on leaving.
 """
@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rose_backend.launch.supervision import die_with_parent
+from rose_backend.processes import die_with_parent
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rose_backend.launch.child import ChildProcess, http_answer, reachable
 from rose_backend.launch.deployment import REPO_ROOT
-from rose_backend.launch.scratch import GATEWAY_STATE_PREFIX, remove_unowned
+from rose_backend.processes import GATEWAY_STATE_PREFIX, remove_unowned
 
 DEFAULT_DRAIN_S = 10.0          # the gateway's own --drain-timeout default
 STOP_MARGIN_S = 3.0

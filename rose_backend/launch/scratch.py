@@ -8,22 +8,15 @@ live process's.
   each time the launcher has reaped a tritonserver. (A tritonserver this process cannot see, in
   another PID namespace that shares this /tmp, is not counted: such a layout should give each
   container its own /tmp.)
-- owned_folder(prefix): a temporary folder whose owner holds a lock on a file in it for as long as
-  it lives (the HTTP gateway's shared worker state). remove_unowned(prefix) removes those whose
-  lock nobody holds: their owner is gone, however it ended. The kernel drops a lock with the
-  process, so there is no guessing.
+- The HTTP gateway's worker-state folders of gateways that were killed: rose_backend.processes
+  (owned_folder, remove_unowned), which the gateway shares.
 """
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 PYTHON_ENVS = ("/tmp", "python_env_*")          # where Triton's Python backend makes them
-GATEWAY_STATE_PREFIX = "rose_gateway_state_"     # the gateway's worker state (rose_gateway.workers)
-LOCK_NAME = ".owner"
 
 
 def _boot_time() -> float:
@@ -67,36 +60,5 @@ def remove_python_envs_of_dead_servers(where: tuple[str, str] = PYTHON_ENVS) -> 
             path.rmdir()                         # an empty folder only
         except OSError:
             continue
-        removed.append(str(path))
-    return removed
-
-
-def owned_folder(prefix: str) -> tuple[str, int]:
-    """A new temporary folder and the descriptor of the lock this process holds on it while it
-    lives (keep it open; it is not inherited by children started with close_fds)."""
-    remove_unowned(prefix)
-    making = tempfile.mkdtemp(prefix="." + prefix)      # locked under a name no sweep looks at
-    fd = os.open(os.path.join(making, LOCK_NAME), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    path = os.path.join(os.path.dirname(making), os.path.basename(making)[1:])
-    os.rename(making, path)
-    return path, fd
-
-
-def remove_unowned(prefix: str) -> list[str]:
-    """Remove this user's temporary folders named `prefix`* whose lock no process holds."""
-    removed = []
-    for path in Path(tempfile.gettempdir()).glob(prefix + "*"):
-        try:
-            fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:                          # not ours
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:                          # its owner lives
-            continue
-        finally:
-            os.close(fd)
-        shutil.rmtree(path, ignore_errors=True)
         removed.append(str(path))
     return removed

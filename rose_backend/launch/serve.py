@@ -33,9 +33,10 @@ from rose_backend.launch.gateway import GatewayProcess
 from rose_backend.launch.gateway_watch import GatewayFailed, GatewayWatch
 from rose_backend.launch.keys import exposure_warning, launch_keys
 from rose_backend.launch.stub_watch import StubWatch, StubWatchFailed
-from rose_backend.launch.supervision import PortInUse, check_ports_free, drain_timeout_of, set_parent_death_signal
+from rose_backend.launch.supervision import drain_timeout_of
 from rose_backend.launch.triton_install import LaunchError
 from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.processes import PortInUse, check_ports_free, set_parent_death_signal
 
 
 def stop_all(servers: list, gateway: GatewayWatch | None = None) -> None:

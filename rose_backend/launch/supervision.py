@@ -1,9 +1,7 @@
 """What the launcher needs to be a good citizen under a supervisor (systemd, Kubernetes, make).
 
-- die_with_parent(): a child (tritonserver) is killed when the process that started it dies, even
-  by SIGKILL (Linux PR_SET_PDEATHSIG), since tritonserver runs in its own session.
-- check_ports_free(): a port already taken fails the launch at once, naming the port, instead of
-  after the models loaded (gRPC binds with SO_REUSEPORT, so Triton itself may not even notice).
+- Parent death and the port check (a port already taken fails the launch at once, instead of
+  after the models loaded): rose_backend.processes, which the HTTP gateway shares.
 - exit_timeout_for(): tritonserver's --exit-timeout-secs from the repository's drain time, so a
   server stops within drain_timeout_s + 5 s of SIGTERM whatever it was sent.
 - processes_with() / segments_with(): what carries a server's shared-memory prefix (tests, soak).
@@ -12,57 +10,14 @@
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
 EXIT_MARGIN_S = 2          # tritonserver's exit timeout = drain_timeout_s + this
 KILL_MARGIN_S = 2          # the launcher kills a server this long after its exit timeout (a server
                            # whose `rose` stub was killed -9 does not exit at its exit timeout)
-
-
-class PortInUse(RuntimeError):
-    pass
-
-
-try:                       # loaded once here: die_with_parent() runs between fork and exec
-    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-except (OSError, AttributeError):       # not Linux/glibc: no parent-death signal
-    _prctl = None
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send `sig` to this process when its parent (thread) dies (Linux only)."""
-    if _prctl is None:
-        return
-    if _prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-
-
-def die_with_parent() -> None:
-    """preexec_fn for a server process: SIGKILL when the launcher dies (its stubs then see their
-    server gone and exit, rose_backend/triton/parent_watch.py). Runs between fork and exec."""
-    set_parent_death_signal(signal.SIGKILL)
-
-
-def check_ports_free(host: str, ports: dict[str, int]) -> None:
-    """Raise PortInUse naming the first of {name: port} that something already listens on."""
-    for name, port in ports.items():
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # TIME_WAIT is not "in use"
-            try:
-                sock.bind((host, port))
-            except OSError as e:
-                if e.errno in (errno.EADDRINUSE, errno.EACCES):
-                    raise PortInUse(f"port {port} ({name}) on {host} is already in use"
-                                    f"{' (needs privileges)' if e.errno == errno.EACCES else ''}; "
-                                    f"stop what holds it or choose another port") from None
-                raise
 
 
 def drain_timeout_of(repository: str | Path, model: str = "rose") -> int:

@@ -22,10 +22,10 @@ from rose_backend.launch.deployment import (DEFAULT_REPOSITORY, MODELS, RERANKER
                                             reranker_repository, served_models)
 from rose_backend.launch.scratch import remove_python_envs_of_dead_servers
 from rose_backend.launch.keys import KEY_VARIABLES, key_from, restricted_args
-from rose_backend.launch.supervision import (KILL_MARGIN_S, PortInUse, aborted_at_start, cache_env, check_ports_free,
-                                             exit_timeout_for)
+from rose_backend.launch.supervision import KILL_MARGIN_S, aborted_at_start, cache_env, exit_timeout_for
 from rose_backend.launch.triton_install import LaunchError, TritonInstall, find_triton, server_env, stub_site
 from rose_backend.launch.triton_stop import stop_tritonserver
+from rose_backend.processes import PortInUse, check_ports_free
 from rose_backend.triton.server_restarts import RESTARTS_VARIABLE
 from rose_client.auth import check_key
 

@@ -26,7 +26,7 @@ def gateway_pid(run: LauncherRun) -> int:
 
 
 def state_folder(pid: int) -> Path:
-    """The worker-state folder a gateway holds the lock of (rose_backend/launch/scratch.py)."""
+    """The worker-state folder a gateway holds the lock of (rose_backend/processes.py)."""
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         target = Path(os.readlink(fd))
         if target.name == ".owner" and target.parent.name.startswith("rose_gateway_state_"):

@@ -1,4 +1,4 @@
-"""Scratch folders of killed processes (rose_backend/launch/scratch.py), with real processes: a folder
+"""Scratch folders of killed processes (rose_backend/launch/scratch.py, rose_backend/processes.py), with real processes: a folder
 whose owner lives is kept and removed once the owner is killed with SIGKILL; Triton's empty
 python_env folders are removed only when no live tritonserver is older than them; the HTTP gateway
 killed under the launcher leaves no worker-state folder behind."""
@@ -12,11 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+from rose_backend import processes
 from rose_backend.launch import scratch
 
 OWNER = """
 import sys, time
-from rose_backend.launch.scratch import owned_folder
+from rose_backend.processes import owned_folder
 path, lock = owned_folder(sys.argv[1])
 print(path, flush=True)
 time.sleep(120)
@@ -30,17 +31,17 @@ def test_a_folder_is_kept_while_its_owner_lives_and_removed_once_it_is_killed():
         path = Path(owner.stdout.readline().strip())
         assert path.is_dir() and path.name.startswith(prefix), path
         (path / "metrics.db").write_text("x")
-        assert scratch.remove_unowned(prefix) == [] and path.is_dir()        # its owner holds the lock
+        assert processes.remove_unowned(prefix) == [] and path.is_dir()        # its owner holds the lock
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
         assert path.is_dir()                                                 # nobody removed it yet
-        assert scratch.remove_unowned(prefix) == [str(path)]
+        assert processes.remove_unowned(prefix) == [str(path)]
         assert not path.exists()
         assert not list(path.parent.glob("." + prefix + "*"))                # nor its name while made
     finally:
         owner.kill()
         owner.wait()
-        for p in Path(scratch.tempfile.gettempdir()).glob(prefix + "*"):
+        for p in Path(processes.tempfile.gettempdir()).glob(prefix + "*"):
             shutil.rmtree(p, ignore_errors=True)
 
 
