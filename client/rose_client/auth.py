@@ -9,10 +9,13 @@ The gateway takes the same key as `Authorization: Bearer <key>` (OpenAI's conven
     perf_analyzer ... -H "triton-grpc-protocol-api-key:secret"
 
 The admin key (`ADMIN_KEY`, or one the launcher makes per start) guards Triton's control plane:
-model repository (load / unload), shared memory, trace and logging.
+model repository (load / unload), shared memory, trace and logging. No command line takes a key (a
+process listing shows it): refuse_keys_on_the_command_line() is the refusal of rose-embed, the
+gateway and the launcher.
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 API_KEY_NAME = "api-key"          # Triton's restricted-protocol key for inference, metadata, config, statistics
@@ -58,3 +61,15 @@ def read_key_file(path: str, what: str = "--api-key-file") -> str:
     if not key:
         raise ValueError(f"{what} {path}: the file is empty")
     return key
+
+
+def refuse_keys_on_the_command_line(parser: argparse.ArgumentParser, instead: str) -> None:
+    """Make `parser` refuse --api-key / --admin-key without repeating the key, saying where it goes
+    `instead` (e.g. "set $API_KEY or pass --api-key-file PATH")."""
+
+    class _NoKeyOnTheCommandLine(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"{option_string} is not taken: a key on the command line shows in process listings; "
+                         + instead)
+
+    parser.add_argument("--api-key", "--admin-key", nargs="?", action=_NoKeyOnTheCommandLine, help=argparse.SUPPRESS)

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_client.auth import read_key_file
+from rose_client.auth import read_key_file, refuse_keys_on_the_command_line
 from rose_client.client import EmbeddingClient
+from rose_client.contract import BULK, LANES
 from rose_client.inputs import INPUTS, CliError, blocks, count_rows, iter_texts
 from rose_client.tables import join_parquet, write_part
 
@@ -290,10 +291,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--field", default="text", help="JSON field / parquet column holding the text (default text)")
     p.add_argument("--task", default=None, help="task / prompt name, e.g. query or passage")
     p.add_argument("--model", default="embed", help="Triton model taking TEXT (default embed)")
-    p.add_argument("--lane", choices=("bulk", "interactive"), default="bulk",
+    p.add_argument("--lane", choices=LANES, default=BULK,
                    help="scheduling lane (default bulk: queries sent beside this run are served first)")
     p.add_argument("--api-key-file", default=None,
                    help="file holding the deployment's API key (default: $API_KEY, if set)")
+    refuse_keys_on_the_command_line(p, "set $API_KEY or pass --api-key-file PATH")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or model folder for exact token counts")
     p.add_argument("--block", type=int, default=2048, help="rows per saved block, the unit of resuming (default 2048)")
     p.add_argument("--concurrency", type=int, default=4, help="blocks in flight at once (default 4)")

