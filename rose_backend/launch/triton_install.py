@@ -15,6 +15,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rose_backend.config import MODEL_DIR_VARIABLE
 from rose_backend.launch.deployment import REPO_ROOT
 
 
@@ -92,7 +93,7 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
     env["PYTHONPATH"] = ":".join(dict.fromkeys(paths))
     env["ROSE_PYTHONPATH"] = env["PYTHONPATH"]      # the stub ignores PYTHONPATH; model.py reads this
     if model_dir:
-        env["ROSE_MODEL_DIR"] = str(Path(model_dir).expanduser().resolve())
+        env[MODEL_DIR_VARIABLE] = str(Path(model_dir).expanduser().resolve())
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "true")
     return env
