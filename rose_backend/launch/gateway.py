@@ -22,7 +22,7 @@ from rose_backend.launch.child import ChildProcess, http_answer, reachable
 from rose_backend.launch.deployment import REPO_ROOT
 from rose_backend.processes import GATEWAY_STATE_PREFIX, remove_unowned
 
-DEFAULT_DRAIN_S = 10.0          # the gateway's own --drain-timeout default
+DEFAULT_DRAIN_S = 10.0          # the --drain-timeout a gateway started here gets when none is named
 STOP_MARGIN_S = 3.0
 
 
@@ -32,7 +32,7 @@ class GatewayProcess(ChildProcess):
                  log_file: str | Path | None = None, drain_timeout: float | None = None):
         self.urls = triton_urls if isinstance(triton_urls, str) else ",".join(triton_urls)
         self.port, self.host, self.model_dir, self.api_key = port, host, model_dir, api_key
-        self.drain_timeout = drain_timeout
+        self.drain_timeout = DEFAULT_DRAIN_S if drain_timeout is None else drain_timeout
         self.extra_args, self.log_file = extra_args or [], log_file
         self.proc = None
 
@@ -54,7 +54,7 @@ class GatewayProcess(ChildProcess):
         cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,
                "--port", str(self.port), "--owner", f"rose_{os.getpid()}_"] + \
             (["--model", str(self.model_dir)] if self.model_dir else []) + \
-            (["--drain-timeout", str(self.drain_timeout)] if self.drain_timeout is not None else []) + self.extra_args
+            ["--drain-timeout", str(self.drain_timeout)] + self.extra_args
         self.spawn(cmd, env)        # its own process group; SIGKILL when the process that started it dies
         return self
 
@@ -78,7 +78,7 @@ class GatewayProcess(ChildProcess):
         if self.proc is None:
             return None
         if timeout is None:
-            timeout = (DEFAULT_DRAIN_S if self.drain_timeout is None else self.drain_timeout) + STOP_MARGIN_S
+            timeout = self.drain_timeout + STOP_MARGIN_S
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)    # it finishes requests in flight, then exits
             try:
