@@ -13,7 +13,7 @@ The rule, in order (the first that applies wins):
    `is_original_qwen3_reranker` key in config.json, or the model card's front matter saying
    `pipeline_tag: text-ranking` (README.md as Qwen/Qwen3-Reranker-* ship it; Qwen3-Embedding's says
    feature-extraction / sentence-similarity): "qwen3-reranker".
-4. Anything else: "embedding" (as before this module existed).
+4. Anything else: "embedding".
 """
 from __future__ import annotations
 

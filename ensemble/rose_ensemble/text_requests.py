@@ -37,7 +37,7 @@ def wants_counts(parameter: str | None = None, requested=(), all_outputs=frozens
     """Whether a request asks for TOKEN_COUNTS / TRUNCATED: by the request parameter `outputs`
     (what reaches a step of the `embed` ensemble) or by naming them (a direct `tokenize` call). A
     request naming no outputs is given all of them by Triton (`requested` then holds every one of
-    `all_outputs`): that asks for none of these, as before they existed."""
+    `all_outputs`): that asks for none of these."""
     if parameter:
         if COUNT_KINDS & {k.strip().lower() for k in str(parameter).split(",")}:
             return True

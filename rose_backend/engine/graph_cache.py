@@ -5,7 +5,7 @@ of 64, then of 256 past 1024; sequence counts up to a power of two. The padding 
 dummy sequence at the end and the unused sequence slots are empty (length 0), so a
 configuration's cu_seqlens always has `seq_bucket + 2` entries and every kernel sees fixed shapes.
 
-Lazy capture, per configuration (nano-vllm's pattern, with the seed's three states):
+Lazy capture, per configuration (nano-vllm's pattern, in three states):
     first sight   -> "eager"    run eagerly on the static buffers (warms kernels, JIT, workspaces)
     second sight  -> "capture"  capture the forward pass into a graph, then replay it
     later         -> "replay"
