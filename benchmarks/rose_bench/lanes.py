@@ -15,7 +15,7 @@ per-lane metrics (batches, waits) are read from the metrics port after each phas
 
 A variant is NAME:SETTING,... as in `rose_bench tail` (MODEL.PARAM=VALUE, env.VAR=VALUE), e.g.
 "lanes:;one-lane:rose.bulk_threshold_tokens=1048576" (the second puts every request in one lane,
-first come first served, as before the lanes, when --bulk-lane is none).
+one first-come-first-served queue, when --bulk-lane is none).
 Results: <out>/lanes.json (command, git commit, machine, date), rewritten after every variant.
 `--modelled-device`: the same phases in this process on a modelled device instead of a server
 (lanes_model.py; <out>/lanes_modelled.json), for choosing the settings without a GPU.

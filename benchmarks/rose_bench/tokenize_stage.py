@@ -138,7 +138,7 @@ def load(grpc_url: str, model: str, texts: list[str], clients: int, per_client: 
 
 
 def _plain_embed(message) -> None:
-    """`embed` as it was before tokenize_batched: its first step `tokenize`, rose's options straight
+    """`embed` with the non-decoupled `tokenize` as its first step, rose's options straight
     from the ensemble's inputs (the A/B for the lone-request latency and the 16-client load)."""
     first, rose = message.ensemble_scheduling.step
     if first.model_name != "tokenize_batched" or rose.model_name != "rose":
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                                               ("tokenize", "tokenize_batched", "embed"))
             save_json(path, result, t_start)
             if not args.skip_plain:
-                print("embed through the non-decoupled tokenize (as before tokenize_batched):", flush=True)
+                print("embed through the non-decoupled tokenize:", flush=True)
                 plain = plain_embed_repository(Path(tmp) / "plain")
                 result["server_embed_via_tokenize"] = through_server(args.model, args.requests, Path(tmp) / "b",
                                                                      plain, ("embed",))
