@@ -15,8 +15,8 @@ Optional outputs TOKEN_COUNTS / TRUNCATED of `tokenize` (when named) and late ch
 in, TOKEN_CHUNKS out): text_requests.py and late_chunks.py. `tokenize_batched` counts nothing:
 `embed` sends EMBEDDINGS only; `encode` (triton_encode.py, on this model's code) serves the rest.
 
-config.pbtxt parameters: rose_backend.triton.model_settings.TokenizeSettings (their meaning and
-defaults). Bad input gets an INVALID_ARG error naming what is wrong.
+config.pbtxt parameters: rose_backend.triton.model_settings.TokenizeSettings (their types and
+defaults; their meaning: docs/OPERATIONS.md). Bad input gets an INVALID_ARG error naming what is wrong.
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
     settings = RoseSettings.from_model_config(args["model_config"])      # in initialize()
     settings.max_batch_tokens                                            # 16384 unless config.pbtxt says
 
-Each dataclass below is the one place a model's parameters, types and defaults are written down;
-model_repository/*/config.pbtxt spells the same defaults (tests/triton/test_settings.py checks
-both). An unknown parameter, a wrong type or a value out of range is refused at start-up, naming
+Each dataclass below is the one place a model's parameters, types and defaults are written down in
+code; docs/OPERATIONS.md says what each means, and it and model_repository/*/config.pbtxt state the
+same defaults (tests/triton/test_settings.py checks both). An unknown parameter, a wrong type or a value out of range is refused at start-up, naming
 the model and the parameter. An empty string_value means "the default".
 """
 from __future__ import annotations
@@ -77,81 +77,8 @@ class _Settings:
 
 @dataclass(frozen=True)
 class RoseSettings(_Settings):
-    """Parameters of `rose` (token ids -> embeddings), all optional:
-
-    model_dir            Hugging Face folder (default "": $ROSE_MODEL_DIR, else the default model)
-    model_kind           auto | embedding | cross-encoder | qwen3-reranker (default "": $ROSE_MODEL_KIND,
-                         else detected from the folder, rose_backend/model_kind.py); a reranker
-                         answers SCORES instead of EMBEDDINGS
-    device               auto | cpu | cuda (default auto: the instance kind Triton assigns)
-    dtype                float32 | bfloat16 | float16 | fp8 (default "": bfloat16 on GPU, float32 on CPU);
-                         fp8: the default, with the layers' projections run as FP8 GEMMs (e4m3, per-channel
-                         weight and per-token activation scales) for batches of at least fp8_min_tokens
-                         tokens (layers/fp8.py); refused on a GPU without FP8 tensor cores
-    fp8_min_tokens       the smallest batch, in tokens, that runs FP8 GEMMs under dtype=fp8 (default 0: the
-                         crossover measured for the model's family, layers/fp8.py's MEASURED_MIN_TOKENS)
-    attention            attention backend name (default "": the engine's choice per configuration)
-    max_batch_tokens     token budget of one forward pass (default 16384)
-    max_batch_seqs       sequence cap of one forward pass (default 64)
-    max_inflight         batches launched but not yet collected (default 2)
-    response_threads     threads that send finished requests' responses while the scheduler thread
-                         goes on launching and collecting batches; a lone request with nothing else
-                         waiting is still answered by the scheduler thread itself, and 0 answers
-                         every request there, one after the other (default 4)
-    host_memory_trim     idle | periodic | off: when the scheduler thread hands freed host heap back
-                         to the OS (malloc_trim): idle = with nothing queued or in flight, at most
-                         once a second (and every 30 s under a load that never pauses); periodic =
-                         once a second whatever the load; off = never (default idle)
-    precapture           "seqs:tokens,..." configurations warmed up in initialize() (kernels compiled,
-                         CUDA graphs captured) before the model reports READY, or "none"; fitted to
-                         the model's positions and the batch limits; other configurations are
-                         captured lazily on their second sight (default "": on a GPU
-                         warmup.DEFAULT_GPU_PRECAPTURE, single sequences of 64..512 tokens and
-                         batches up to 16384 tokens; on the CPU one tiny batch)
-    cuda_graphs          auto | on | off: off runs every batch eagerly (default auto: on for CUDA)
-    gpu_memory_headroom_mb  after warm-up, cap this process's CUDA memory at what it holds plus this
-                         many MiB, so bigger batches run out of memory and are split and retried: a
-                         knob to force out-of-memory in tests and soaks, 0 = no cap (default 0)
-    graph_memory_mb      cap on the CUDA-graph pool, MiB: once the captured graphs hold this much,
-                         configurations not yet captured run eagerly (engine/graph_cache.py); the
-                         `graphs` part of the memory budget; 0 = no cap (default 4096)
-    memory_limit_mb      the memory budget (weights, graphs, workspace, buffers, activations:
-                         engine/memory_budget.py) must fit in this many MiB or the model refuses to
-                         start, naming each part; 0 = on a GPU its free memory less 1 GiB, on the
-                         CPU no check (default 0)
-    max_queued_tokens    tokens waiting in the pool before new requests are refused as
-                         overloaded, 0 = unbounded; an interactive request counts only the
-                         interactive tokens waiting, so bulk never shuts queries out (default 1048576)
-    max_request_seqs     sequences per request (default 4096)
-    max_request_tokens   tokens per request (default 1048576)
-    drain_timeout_s      at unload (shutdown), seconds to finish admitted work before whatever is
-                         left gets a "shutting down" error (default 20)
-    inline_execute       auto | true | false: a request arriving while nothing is queued or running is
-                         run inside execute() itself, with no hand-over to the scheduler thread
-                         (default auto: on for a CUDA device; on the CPU the forward pass run on the
-                         stub's main thread was up to 10x slower at 512 tokens, its OpenMP workers
-                         contending, so auto leaves it off there)
-    inline_backlog_us    such a request is also waited for and answered inside execute() unless it came
-                         within this many us of execute() last returning (a backlog: the requests behind
-                         it are batched); -1 = never (default 250; serving/service.py)
-    quantization_ranges  .npy / .json file of [2, D] per-dimension min / max for ENCODING int8 and
-                         uint8 (default "": quantization_ranges.npy / .json in the model folder, if any)
-    bulk_threshold_tokens  a request that names no `lane` (request parameter: interactive | bulk) is
-                         bulk when it carries more than this many tokens, else interactive
-                         (default 8192; serving/lanes.py)
-    bulk_min_share       share of a batch's tokens and sequences that bulk keeps while interactive
-                         work waits beyond the batch, so bulk is never starved, 0..1 (default 0.25)
-    bulk_batch_tokens    bulk tokens in one batch while interactive traffic is recent: what a query
-                         waits behind (default 6144)
-    bulk_max_inflight    batches holding bulk in flight while interactive traffic is recent; below
-                         max_inflight, the other slots are kept for interactive batches (default 2)
-    interactive_recent_ms  interactive traffic counts as recent for this long after the last
-                         interactive request; with none for that long, bulk batches fill the whole
-                         budget (default 1000)
-    interactive_stream   off | on | auto (on with a GPU) (default off): interactive batches on a second
-                         engine on the same weights, on a high-priority CUDA stream, beside the bulk
-                         batches in flight (serving/query_lane.py); bulk batches then fill the budget
-    """
+    """Parameters of `rose` (token ids -> embeddings), all optional: their meanings are
+    docs/OPERATIONS.md's tables, their types and defaults the fields below."""
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "response_threads": 0,
                "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
@@ -242,33 +169,8 @@ class RoseSettings(_Settings):
 
 @dataclass(frozen=True)
 class TokenizeSettings(_Settings):
-    """Parameters of `tokenize` (texts -> token ids), all optional:
-
-    model_dir            Hugging Face folder (default "": $ROSE_MODEL_DIR, else the default model)
-    model_kind           auto | embedding | cross-encoder | qwen3-reranker (default "": $ROSE_MODEL_KIND,
-                         else detected from the folder); a reranker also tokenizes QUERY + DOCUMENTS pairs
-    prompts              JSON {"name": "prefix"}, added to (or overriding) the prompts of the folder's
-                         config_sentence_transformers.json (default "": the folder's own)
-    fallback_prompts     JSON {"name": "prefix"} for prompt names the folder does not define itself
-                         (default {"query": "", "passage": ""}: task="query" / "passage" run on
-                         every model; a model without prompts, such as the default all-MiniLM-L6-v2,
-                         which is symmetric, embeds the text as it is; a model with its own prompts,
-                         such as Qwen3-Embedding's query instruction, keeps them)
-    default_prompt_name  prompt used when a request names none (default "": the folder's, else none)
-    max_seq_length       tokens kept per text, 0 = the model's (default 0)
-    max_text_bytes       texts are cut to at most this many bytes before tokenizing (at the last
-                         whitespace within 256 bytes of the limit when there is one), so a huge string
-                         costs no more than a long one (default 65536)
-    max_request_texts    texts (for pairs: documents) per request; more is refused with an error
-                         naming the limit (default 4096)
-    late_chunk_overlap   tokens shared by neighbouring windows of a late-chunked document longer than
-                         the maximum length; -1: 64, at most a quarter of that length (default -1)
-    batch_backlog_us     `tokenize_batched` (embed's tokenizer, which reads these parameters): a
-                         request that comes less than this many microseconds after execute() last
-                         returned is taken as part of a backlog, so its response is sent by the
-                         worker and requests waiting meanwhile are encoded together; later ones are
-                         answered inside execute(), with no thread hop (default 250)
-    """
+    """Parameters of `tokenize` (texts -> token ids) and of `tokenize_batched`, all optional: their
+    meanings are docs/OPERATIONS.md's tables, their types and defaults the fields below."""
     MODEL = "tokenize"
     MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1, "batch_backlog_us": 0,
                "late_chunk_overlap": -1}

@@ -1,6 +1,6 @@
 """The served models' parameters: one settings object each (rose_backend.triton.model_settings) whose
-defaults are the ones config.pbtxt and the docstring state, and whose bad values are refused with
-an error naming the model and the parameter."""
+defaults are the ones config.pbtxt and docs/OPERATIONS.md's tables state, and whose bad values are
+refused with an error naming the model and the parameter."""
 import dataclasses
 import inspect
 import re
@@ -12,6 +12,7 @@ from rose_backend.serving.service import EmbeddingService
 from rose_backend.triton.model_settings import RoseSettings, TokenizeSettings
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"
 PARAM = re.compile(r'parameters \{ key: "([^"]+)" value: \{ string_value: "((?:[^"\\]|\\.)*)" \} \}')
 
 
@@ -19,8 +20,25 @@ def _shown(value) -> str:
     return '""' if value == "" else str(value)
 
 
+def _documented_defaults() -> dict[str, list[str]]:
+    """{parameter: [the default each table row of docs/OPERATIONS.md states]}: a row names its
+    parameters in one cell (`name`, or `a`, `b`, `c`) and their defaults in the next."""
+    rows: dict[str, list[str]] = {}
+    for line in OPERATIONS.read_text().splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        for i, cell in enumerate(cells[:-1]):
+            names = re.fullmatch(r"`(\w+)`(?:, `(\w+)`)*", cell) and re.findall(r"`(\w+)`", cell)
+            if names:
+                values = cells[i + 1].split(", ") if len(names) > 1 else [cells[i + 1]]
+                for name, value in zip(names, values):
+                    rows.setdefault(name, []).append(value.replace("`", ""))
+    return rows
+
+
 @pytest.mark.parametrize("cls,model", [(RoseSettings, "rose"), (TokenizeSettings, "tokenize")])
-def test_config_pbtxt_and_docstring_state_the_code_defaults(cls, model):
+def test_config_pbtxt_and_the_docs_state_the_code_defaults(cls, model):
     pbtxt = dict(PARAM.findall((REPO / model / "config.pbtxt").read_text()))
     assert pbtxt, "no parameters found in config.pbtxt"
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
@@ -30,13 +48,11 @@ def test_config_pbtxt_and_docstring_state_the_code_defaults(cls, model):
         assert value == str(defaults[key]), (key, value, defaults[key])
         pbtxt[key] = value
     assert cls.from_values(pbtxt) is not None          # the shipped file parses
-    doc = inspect.getdoc(cls)
+    documented = _documented_defaults()
     for name, default in defaults.items():
-        line = next((ln for ln in doc.splitlines() if ln.split()[:1] == [name]), None)
-        assert line is not None, f"{cls.__name__}'s docstring does not describe {name!r}"
-        block = doc[doc.index(line):]
-        block = block[:next((m.start() for m in re.finditer(r"\n\S", block[1:])), len(block)) + 1]
-        assert f"(default {_shown(default)}" in " ".join(block.split()), (name, default, block)
+        assert name in documented, f"docs/OPERATIONS.md has no table row for {model}'s {name!r}"
+        for stated in documented[name]:
+            assert stated == _shown(default) or stated.startswith(_shown(default) + " "), (name, default, stated)
 
 
 def test_embedding_service_defaults_are_the_settings():
