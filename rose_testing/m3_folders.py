@@ -114,13 +114,11 @@ def write_heads(path: Path, hidden: int, colbert_dim: int, seed: int = 0, head_f
 
 
 def center_sparse_bias(path: Path, device: str = "cpu", tokens: int = 256, seed: int = 0) -> float:
-    """Re-bias the folder's sparse_linear.pt so that about half of the tokens get a weight > 0.
-
-    A deep random encoder maps every token to nearly the same direction, so a random sparse head
-    gives all tokens a weight of one sign, and which sign depends on the draw (all > 0 on one
-    folder, all 0 after the ReLU on another: nothing left to compare). The bias is set to minus the
-    median of w . h over a random sequence's final hidden states (float32 Hugging Face). Returns
-    the share of those tokens left with a weight > 0."""
+    """Re-bias the folder's sparse_linear.pt so that about half of the tokens get a weight > 0;
+    returns the share of a random sequence's tokens that do. A deep random encoder maps every token
+    to nearly one direction, so a random sparse head gives them all a weight of one sign (all > 0,
+    or all 0 after the ReLU). The bias is minus the median of w . h over that sequence's final
+    hidden states (float32 Hugging Face)."""
     import numpy as np
     import torch
 

@@ -46,7 +46,7 @@ _CODE_LIKE = re.compile(r"[{}\[\]<>=_`|\\]|\(\)|::|>>>|\.py\b|\w\(\w*")
 def _docstrings(root: Path) -> list[str]:
     """Docstrings of the modules, classes and functions of the .py files under root (tests left out).
     The cyclic garbage collector is off meanwhile: the syntax trees hold no cycles, and its scans of
-    their millions of nodes took half the time (4.6 -> 2.4 CPU-s for every source here)."""
+    their millions of nodes would take half the time (benchmarks/RESULTS-operations.md)."""
     out = []
     was_on = gc.isenabled()
     gc.disable()
@@ -111,7 +111,7 @@ def corpus(n: int) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _all_sentences() -> tuple[str, ...]:
     """Every sentence of _sources() that reads as English prose, once each, in corpus() order (the
-    sources are parsed once per process: ~3 s on the 2-core machine)."""
+    sources are parsed once per process)."""
     seen, sentences = set(), []
     for text in _sources():
         for paragraph in re.split(r"\n\s*\n", text):

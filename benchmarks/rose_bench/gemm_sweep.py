@@ -1,6 +1,6 @@
 """The projections of both model shapes as bare GEMMs (bf16, GPU): which call form is fastest at each
-token count. The forward-pass profiles show it GEMM-bound (1 x 128: the BGE-M3 QKV GEMM runs
-at ~0.9 TB/s of weights, a third of the H200's bandwidth), so this times, per (tokens, N, K):
+token count. The forward-pass profiles show it GEMM-bound at small batches (benchmarks/RESULTS-engine.md),
+so this times, per (tokens, N, K):
 
     linear      F.linear(x, W), W [N, K] (what the models call today)
     matmul_t    x @ Wt, Wt = W.t().contiguous() [K, N] (the other cuBLAS layout)

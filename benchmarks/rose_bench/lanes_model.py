@@ -5,11 +5,11 @@
 The real EmbeddingService (scheduler, lanes, responders, inline launch) runs in this process on a
 device that is a model, not a GPU: a batch of T tokens takes `a + b * T` milliseconds, batches run
 one after another in launch order as on one CUDA stream, and a handle is ready once its batch's
-time has passed. The defaults are the H200's BGE-M3 graph replays (benchmarks/RESULTS-engine.md:
-2560 tokens 3.74 ms, 12800 tokens 16.1 ms, 51200 tokens 62.8 ms). Clients are threads of this
-process; `--plan-ms`: host time inside step() for a batch of more than 8 sequences, before its
-device time starts (flashinfer fa3's plan: 0.5-1.8 ms on the H200 host). `--bulk-clients` sending `--bulk-seqs` x `--bulk-len` without pause, one sending 1 x
-`--query-len` at `--query-rate`. Latency is from submit() to the answer; the host work around the
+time has passed. The defaults fit the H200's BGE-M3 graph replays (benchmarks/RESULTS-engine.md,
+"graph ms" at 5x512, 25x512, 100x512). Clients are threads of this process; `--plan-ms`: host
+time inside step() for a batch of more than 8 sequences, before its device time starts (flashinfer
+fa3's plan; its measured range is in benchmarks/RESULTS-concurrency.md). `--bulk-clients` send
+`--bulk-seqs` x `--bulk-len` without pause, one client sends 1 x `--query-len` at `--query-rate`. Latency is from submit() to the answer; the host work around the
 device (forming, packing, answering) is this machine's. What it cannot show: Triton's and gRPC's
 own time, and the real device's run-to-run spread. The phases and the table are those of `lanes`.
 """

@@ -59,8 +59,8 @@ def _from_ranges(rng: random.Random, ranges, n: int, narrow: bool = False) -> st
 def generated_word(rng: random.Random, pool: list[str], narrow: bool = False) -> str:
     """One word that is not plain English: accents, scripts, emoji, controls, look-alikes, numbers.
     narrow: CJK, scripts and emoji from the first 151 code points of each range only (the training
-    texts: Unigram's vocabulary must hold every character it was trained on), so the corpus also
-    has characters the trained vocabularies never saw."""
+    texts, whose every character Unigram's vocabulary must hold), so the corpus also has characters
+    the trained vocabularies never saw."""
     kind = rng.randrange(12)
     base = rng.choice(pool)
     if kind == 0:       # accented, composed

@@ -109,11 +109,10 @@ class AsyncEmbeddingClient:
 
 async def drive(client: EmbeddingClient, model: str, chunks, n: int, ask: Ask, lane: str | None = None,
                 on_sent=None) -> Encoded:
-    """Drive one call's Job to its Encoded answer on the running loop. Job.step() returns how long to
-    wait for the next event (None: done); an answer, or capacity freed by another call, resolves the
-    one future being waited on (from any thread), else its timer does. on_sent(): called each time
-    chunks were just sent. Cancelling the awaiting task ends the Job, which cancels its streams'
-    pending requests at the server."""
+    """Drive one call's Job to its Encoded answer on the running loop: Job.step() says how long to wait
+    (None: done), and an answer, capacity freed by another call (from any thread) or the timer resolves
+    the one future waited on. on_sent(): called each time chunks were just sent. Cancelling the
+    awaiting task ends the Job, which cancels its streams' pending requests at the server."""
     loop = asyncio.get_running_loop()
     waiting: list[asyncio.Future | None] = [None]
 

@@ -165,13 +165,11 @@ class EmbeddingClient:
 
     def rerank(self, query: str, documents: list[str], top_k: int | None = None,
                return_documents: bool = False, instruction: str | None = None, lane: str | None = None):
-        """Score each document against the query with a reranker deployment (`rerank`).
-
-        Returns float32 [len(documents)] scores in document order; with top_k (or
-        return_documents), a list of (index, score) -- (index, score, document) with
-        return_documents -- best first, top_k long (all documents when top_k is None).
-        Large lists are chunked and spread over the replicas like embed(). instruction: the task
-        instruction of models that take one (Qwen3-Reranker)."""
+        """Score each document against the query with a reranker deployment (`rerank`): float32
+        [len(documents)] scores in document order, or with top_k (or return_documents) a list of
+        (index, score) -- (index, score, document) with return_documents -- best first, top_k long
+        (all documents when top_k is None). Large lists are chunked and spread over the replicas like
+        embed(). instruction: the task instruction of models that take one (Qwen3-Reranker)."""
         chunks = pair_chunks(self, query, documents, instruction, Chunk)
         scores = self._run_sync(self.rerank_model, chunks, len(documents), SCORES, lane) if chunks \
             else np.zeros(0, np.float32)

@@ -1,4 +1,4 @@
-"""Text -> ragged token ids, the way sentence-transformers prepares them (Ivy's job).
+"""Text -> ragged token ids, the way sentence-transformers prepares them.
 
     tok = TextTokenizer.from_folder(model_dir)
     ids, lens = tok.encode(["what is rose?", "..."], prompt_name="query")
@@ -8,9 +8,8 @@ Prompts come from the model's config_sentence_transformers.json ("prompts", "def
 and may be overridden or extended by the deployment ("fallback" prompts fill in only the names
 the model lacks: the shipped deployment names "query" and "passage" that way). The prompt is prepended to the text before
 tokenizing and truncation applies to the whole (as sentence-transformers does), at the model's
-max_seq_length. Encoding runs in Rust (tokenizers' encode_batch), which releases the GIL. (One text
-alone through tokenizers' single `encode` was slower inside the H200 host's stub: 405 against 302 us
-for a 128-word text, RESULTS-tokenize.md.)
+max_seq_length. Encoding runs in Rust (tokenizers' encode_batch, one text alone too: its single
+`encode` is slower in the stub, benchmarks/RESULTS-host-path.md), which releases the GIL.
 
     ids, lens, counts = tok.encode_counted(texts)     # counts: each text's tokens before truncation
 
@@ -91,14 +90,11 @@ class TextTokenizer:
 
     def decode_texts_marked(self, raw: list[bytes] | np.ndarray, name: str = "TEXT", allow_empty: bool = False,
                             cut_to: int | None = None) -> tuple[list[str], np.ndarray]:
-        """BYTES elements -> (str texts, bool [n]: which were cut), refusing empty (unless
-        allow_empty) or invalid UTF-8 texts with their index; `name` is the input named in
-        messages. A text longer than max_text_bytes (or `cut_to`, 0: no cut) is cut to at most that
-        many bytes first (before decoding and tokenizing, so a 10 MB string costs no more than a
-        long one): at its last whitespace within CUT_AT_SPACE_WITHIN bytes of the limit, so that
-        the words kept tokenize as they do in the whole text and its token count is a lower bound
-        of the whole text's, else at the limit (a cut-off partial character dropped); truncation to
-        max_seq_length tokens happens later in any case."""
+        """BYTES elements -> (str texts, bool [n]: which were cut); an empty (unless allow_empty) or
+        invalid UTF-8 text is refused with its index, as input `name`. A text over max_text_bytes (or
+        `cut_to`; 0: no cut) is cut before decoding, at its last whitespace within CUT_AT_SPACE_WITHIN
+        bytes of the limit (so the words kept tokenize as in the whole text), else at the limit. Truncation
+        to max_seq_length tokens comes later."""
         if len(raw) == 0:
             raise InputError(f"{name} is empty: send at least one text")
         if self.max_texts and len(raw) > self.max_texts:

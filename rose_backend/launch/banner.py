@@ -19,10 +19,9 @@ def key_expression(api_key_file: str | None) -> str:
 
 def client_command(urls: str, call: str = 'embed(["hello world"]).shape', keyed: bool = False,
                    api_key_file: str | None = None) -> str:
-    """A shell command that embeds one text (or makes another client `call`) through these servers:
-    this interpreter (the virtual environment `make serve` made, which has rose_client) with its
-    full path, so that it works from any shell; where rose_client is not installed here, how to
-    install it first. keyed: the deployment requires an API key, read from $API_KEY (or the key file)."""
+    """A shell command that embeds one text (or makes another client `call`) through these servers,
+    with this interpreter's full path (it works from any shell), or how to install rose_client first
+    where this interpreter lacks it. keyed: the deployment requires an API key, read from $API_KEY."""
     key = f", api_key={key_expression(api_key_file)}" if keyed else ""
     code = (("import os; " if keyed and not api_key_file else "")
             + f'from rose_client import EmbeddingClient; print(EmbeddingClient("{urls}"{key}).{call})')

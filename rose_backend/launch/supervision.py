@@ -113,12 +113,10 @@ def remove(procs: dict[int, str], segs: list[str]) -> None:
 
 
 def aborted_at_start(returncode: int | None, log_file) -> bool:
-    """True when tritonserver died of SIGABRT as it started with one of the two aborts of Triton
-    2.51 that a second start does not repeat as its log's last words: "epoll_wait error: Bad file
-    descriptor" (its gRPC event engine; 2 of 13 full CPU test runs of 2026-11-30) or the Python
-    backend's "boost::interprocess::lock_exception" (its shared-memory mutex timing out while it
-    starts model instances on a host starved of CPU; triton-inference-server/server#5949, #8882).
-    TritonProcess.wait_ready starts such a server once more."""
+    """True when tritonserver died of SIGABRT as it started, its log ending in one of the two aborts
+    of Triton 2.51 that a second start does not repeat (docs/OPERATIONS.md, "Ready means ready"):
+    gRPC's "epoll_wait error: Bad file descriptor" or the Python backend's
+    "boost::interprocess::lock_exception". TritonProcess.wait_ready starts such a server once more."""
     if returncode != -signal.SIGABRT or not log_file:
         return False
     try:

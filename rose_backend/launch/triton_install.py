@@ -100,14 +100,12 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
 
 
 def stub_site(env: dict | None = None) -> str | None:
-    """$ROSE_STUB_SITE: a folder of packages the backend stub must import before anything else.
+    """$ROSE_STUB_SITE: a folder of packages the backend stub imports before anything else.
 
-    Triton 2.51's Python backend is built with pybind11 2.10, which misreads numpy 2 arrays (every
-    element reads as the first; python_backend#384). Where the interpreter has numpy 2, point this at
-    a folder holding numpy<2 (benchmarks/gpu/add_stub_numpy.sh). The stub imports numpy before any
-    model code runs, from its own sys.path whose first entry is the working directory, so the
-    server is started in this folder.
-    """
+    Where the interpreter has numpy 2 it holds numpy<2 (benchmarks/gpu/add_stub_numpy.sh): Triton
+    2.51's Python backend (pybind11 2.10) misreads numpy 2 arrays (python_backend#384). The stub
+    imports numpy from its own sys.path, whose first entry is the working directory, so the server
+    is started in this folder."""
     path = (os.environ if env is None else env).get("ROSE_STUB_SITE", "").strip()
     if path and not Path(path, "numpy").is_dir():
         raise LaunchError(f"ROSE_STUB_SITE={path} holds no numpy package")

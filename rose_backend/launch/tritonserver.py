@@ -44,12 +44,10 @@ class TritonProcess(ChildProcess):
                  models: tuple[str, ...] | None = None, die_with_parent: bool = True,
                  exit_timeout: int | None = None, api_key: str | None = None, admin_key: str | None = None,
                  reranker: str | None = None):
-        """models: those to load (explicit model control). None: served_models() for the project's repository,
-        every model for any other (the benchmarks' baselines). die_with_parent: the server is SIGKILLed when the
-        thread that start()ed it dies (start servers from a thread that outlives them, e.g. the main thread).
-        exit_timeout: tritonserver's --exit-timeout-secs (default: exit_timeout_for, drain_timeout_s + 2).
-        reranker: a reranker folder served beside the embedding folder model_dir, from a repository
-        generated at start() and removed at stop() (deployment.reranker_repository)."""
+        """models: those to load (None: served_models() for the project's repository, every model for
+        another). die_with_parent: SIGKILL when the thread that start()ed it dies, so start servers from a
+        thread that outlives them; exit_timeout: --exit-timeout-secs (default exit_timeout_for()). reranker:
+        a reranker folder served beside model_dir, from a repository made at start() and removed at stop()."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.models, self.reranker, self.source_repository = models, reranker, self.repository
         if models is None and (reranker or (self.repository / "rose" / "config.pbtxt").exists()):

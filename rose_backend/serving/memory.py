@@ -10,14 +10,13 @@ class HostMemoryTrimmer:
 
         "idle"      the service has nothing queued or in flight, at most once per `interval`
                     seconds, and under a load that never pauses once per 30 x `interval` (default)
-        "periodic"  once per `interval` seconds, whatever the load (the behaviour before "idle")
+        "periodic"  once per `interval` seconds, whatever the load
         "off"       never
 
-    Batches of ever-changing shapes free and allocate host buffers of every size; glibc keeps the
-    freed memory in fragmented heaps, so a long-running CPU server's RSS climbs (+44% in the
-    1-minute soak). malloc_trim(0) returns it (measured: 494 -> 501 MiB over 600 batches instead of
-    584 -> 663). It runs on the scheduler thread and walks every heap with their locks held, so a
-    trim in the middle of a load delays the batch behind it; when idle it delays nobody.
+    glibc keeps the host buffers that batches of ever-changing shapes free in fragmented heaps;
+    malloc_trim(0) returns them (what that saves: docs/OPERATIONS.md, "Soak"). It walks every heap
+    with their locks held, so a trim in the middle of a load delays the batch behind it; when idle it
+    delays nobody.
     """
     MODES = ("idle", "periodic", "off")
 

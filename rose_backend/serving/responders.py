@@ -8,9 +8,7 @@ launched only after all of them. `Responders(n, answer)` runs `answer(request)` 
     responders.hand(request)        # any thread; answered by one of the n threads, soon
     responders.stop()               # every request handed over so far is answered first
 
-Measured on the H200 (BGE-M3 shape, `embed` of 512-word texts, 16 clients; rose_bench tail):
-with 4 threads, 1,260 requests/s and p50 / p99 12.4 / 18.6 ms, against 1,036 requests/s and
-14.1 / 31.2 ms with every answer sent by the scheduler thread.
+What they buy under load: benchmarks/RESULTS-concurrency.md (`response_threads`).
 """
 from __future__ import annotations
 

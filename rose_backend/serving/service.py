@@ -16,7 +16,7 @@ at least `backlog_us` ago; no concurrent traffic for BATCH_HOLD_S) is also waite
 there (`stats.whole_inline`); run_lone() does so for one sequence whose graph is captured, with no
 Request or batch (engine/lone.py, `stats.lone`). A backlog's request (Triton hands a decoupled model
 the next request only when execute() returns) is launched and the loop thread answers it, so the
-requests behind it batch (run whole, pplx-embed's 16 clients took 44 ms p50 instead of 18).
+requests behind it batch (benchmarks/RESULTS-concurrency.md, "Lone requests under concurrency").
 Failures (overload, cancellation, out of memory, shutdown): outcomes.py.
 """
 from __future__ import annotations
@@ -49,10 +49,10 @@ class EmbeddingService(IdleInlineWorker):
                  inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
                  host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
                  release: Callable[[Request], None] | None = None, query_engine=None, backlog_us: int | None = 250):
-        """Limits as the `rose` parameters of the same names (RoseSettings); lane_settings: a
-        LaneSettings or any object with its fields; clock: a StageClock; on_piece, release: see
-        completion.py; query_engine: an Engine on the same weights for interactive batches
-        (query_lane.py); backlog_us: the resolved `inline_backlog_us` (None: never run whole)."""
+        """Limits as the `rose` parameters of the same names (RoseSettings). lane_settings: a
+        LaneSettings or any object with its fields; clock: a StageClock; query_engine: an Engine on
+        the same weights for interactive batches (query_lane.py). on_piece and release: completion.py;
+        backlog_us: the resolved `inline_backlog_us` (None: never run whole)."""
         super().__init__("rose-scheduler")
         self.engine = engine
         self.on_piece = on_piece

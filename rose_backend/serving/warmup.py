@@ -1,8 +1,8 @@
 """What `rose` warms up in initialize(), before Triton reports it READY.
 
 On a GPU the first batch of a configuration compiles kernels (flashinfer JIT, Triton-language
-kernels) and the second captures its CUDA graph; a server that reported READY before that made its
-first users wait (pplx-embed answered its first request 51 s after READY on a fresh H200). The
+kernels) and the second captures its CUDA graph; a server that reported READY before that would make
+its first users wait (docs/OPERATIONS.md, "Ready means ready"). The
 compiled kernels persist in the compile-cache folder (rose_backend/launch/supervision.py: cache_env), so a
 restart on the same machine only captures.
 """

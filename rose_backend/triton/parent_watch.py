@@ -44,13 +44,8 @@ _server_pid: int | None = None          # set by watch_parent in a stub
 def server_gone() -> bool:
     """True in a stub whose tritonserver has died (the stub was re-parented); False elsewhere.
 
-    Dropping a Triton object (a response sender, a request) runs its C++ destructor with the GIL
-    held, and that destructor queues a clean-up message behind the stub-to-parent mutex. Once the
-    server is dead, a `request.is_cancelled()` query can hold that mutex forever (above), so such a
-    drop blocks forever with the GIL held, and this watchdog, which needs the GIL, never runs. The
-    service therefore keeps those objects (drop_triton_objects) once this is True. With
-    responder threads, one thread could drop a sender while another waits on such a query.
-    """
+    Once it is True the service keeps Triton's objects instead of dropping them (drop_triton_objects):
+    a drop could block forever with the GIL held (docs/OPERATIONS.md, "Nothing outlives the server")."""
     return _server_pid is not None and os.getppid() != _server_pid
 
 
@@ -155,8 +150,7 @@ if stub not in {fd for fd, _ in p.poll()}:
 
 def watcher_python() -> str | None:
     """The interpreter of the stub's own Python install (sys.executable in a stub is what PATH
-    gave, e.g. a pyenv shim: a shell script that costs 0.05 CPU-s to reach the interpreter, the
-    interpreter itself under 0.01)."""
+    gave, e.g. a pyenv shim: a shell script that costs more CPU than the interpreter's start)."""
     v = sys.version_info
     for name in (f"python{v.major}.{v.minor}", f"python{v.major}"):
         path = os.path.join(sys.base_prefix, "bin", name)
