@@ -89,6 +89,10 @@ class MemoryBudget:
         parts = ", ".join(f"{n} {v:.0f} MiB" for n, v in self.parts_mib().items())
         return f"{parts} = {self.total / MIB:.0f} MiB"
 
+    def __add__(self, other: MemoryBudget) -> MemoryBudget:
+        """Two engines' budgets part by part (the query lane's engine beside the main one)."""
+        return MemoryBudget(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
 
 def engine_budget(cfg: ModelConfig, device: str | torch.device, dtype: torch.dtype, attention: str | None = None,
                   max_tokens: int | None = None, max_seqs: int | None = None, max_inflight: int = 2,

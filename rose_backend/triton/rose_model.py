@@ -87,11 +87,16 @@ class RoseModel(DecoupledModel):
                     f"({self.engine.stats.graph_memory_bytes / MIB:.0f} MiB held, {self.engine.stats.graphs} graphs): "
                     f"configurations past it run eagerly; raise graph_memory_mb or shorten precapture")
             query_engine = None                     # interactive_stream: the query lane's engine (auto: a GPU's)
+            self.budget = self.engine.budget        # what the engines hold: the gauges' parts
             if s.interactive_stream == "on" or (s.interactive_stream == "auto" and self.engine.device.type == "cuda"):
+                left = None if self.memory_limit is None else self.memory_limit - self.engine.budget.total
                 query_engine = Engine(cfg, device=device, dtype=dtype, attention=s.attention or None,
                                       **s.engine_limits(cfg), max_inflight=1, graphs=s.graphs,
                                       graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
-                                      memory_limit_bytes=self.memory_limit, weights_from=self.engine)
+                                      memory_limit_bytes=left, weights_from=self.engine)
+                self.budget = self.engine.budget + query_engine.budget
+                pb_utils.Logger.log_info(f"rose: memory budget of the query lane's engine: {query_engine.budget.describe()}; "
+                                         f"both engines {self.budget.total / MIB:.0f} MiB (limit {limit})")
                 query_engine.precapture([c for c in warm if c[1] <= s.bulk_threshold_tokens])
             cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
@@ -284,6 +289,7 @@ _GAUGES = {
                                 "less a margin at start; 0: no limit)", lambda m: m.memory_limit or 0),
 }
 # the memory budget computed at start (engine/memory_budget.py's MemoryBudget), one series per part
-_BUDGET = [Series("rose_memory_budget_bytes", "gauge", "the engine's memory budget at start, per part", {"part": part},
-                  lambda m, part=part: getattr(m.engine.budget, part))
+_BUDGET = [Series("rose_memory_budget_bytes", "gauge", "the memory budget at start, per part (with the query lane: "
+                  "both engines)", {"part": part},
+                  lambda m, part=part: getattr(m.budget, part))
            for part in ("weights", "graphs", "workspace", "buffers", "activations")]

@@ -1,7 +1,10 @@
 """`rose` with interactive_stream=on on a real tritonserver (CPU): the query lane's second engine
-loads beside the main one, and queries and bulk requests sent together over gRPC are answered with
-what sentence-transformers gives for the same texts."""
+loads beside the main one and its memory budget is counted (logged, and in the budget gauges), and
+queries and bulk requests sent together over gRPC are answered with what sentence-transformers gives
+for the same texts."""
+import re
 import threading
+import time
 
 from rose_testing.compare import cos_dist
 
@@ -20,7 +23,17 @@ def test_queries_and_bulk_through_the_query_lane_match_sentence_transformers(min
             got["queries"] = [client.embed([q], lane="interactive")[0] for q in queries]
             t.join(120)
         log = open(srv.log_file).read()
+        from support.metrics import series
+        deadline = time.monotonic() + 15                 # the gauges are polled once a second
+        while not (gauge_mib := sum(v for _, v in series(srv, "rose_memory_budget_bytes")) / (1 << 20)):
+            assert time.monotonic() < deadline, "the memory budget gauges stayed 0"
+            time.sleep(0.2)
     assert "rose: cannot start" not in log
+    main = re.search(r"rose: memory budget on cpu: .* = (\d+) MiB", log)
+    lane = re.search(r"rose: memory budget of the query lane's engine: .*weights 0 MiB.* = (\d+) MiB; both engines (\d+) MiB", log)
+    assert main and lane, log[-3000:]
+    assert abs(int(main.group(1)) + int(lane.group(1)) - int(lane.group(2))) <= 1     # rounding to MiB
+    assert abs(gauge_mib - int(lane.group(2))) <= 1
     for texts, key in ((queries, "queries"), (bulk, "bulk")):
         gap = cos_dist(got[key], sentence_model.encode(texts, normalize_embeddings=True))
         assert float(gap.max()) < 1e-5, (key, float(gap.max()))
