@@ -195,11 +195,12 @@ def warm_engine(cfg, settings, device: str = "cuda") -> dict:
     import torch
 
     from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
     from rose_backend.serving.warmup import precapture_plan
     dtype = getattr(torch, settings.torch_dtype_name) if settings.torch_dtype_name else None
     limits = settings.engine_limits(cfg)
-    engine = Engine(cfg, device=device, dtype=dtype, attention=settings.attention or None,
-                    max_inflight=settings.max_inflight, graphs=settings.graphs, **limits)
+    engine = Engine(cfg, device, EngineOptions(dtype=dtype, attention=settings.attention or None,
+                                               max_inflight=settings.max_inflight, graphs=settings.graphs, **limits))
     value = "" if settings.precapture.strip().lower() == "none" else settings.precapture
     warm = precapture_plan(value, True, max_len=cfg.max_positions, **limits)
     engine.precapture(warm)

@@ -25,6 +25,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.graph_cache import token_buckets
+from rose_backend.engine.options import EngineOptions
 from rose_backend.layers import fused
 from rose_testing.folders import make_folder
 
@@ -131,14 +132,14 @@ def main(argv=None) -> int:
                                               device="cuda"))
     free0 = torch.cuda.mem_get_info()[0]
     t0 = time.perf_counter()
-    eng = Engine(cfg, "cuda", attention=args.attention, max_tokens=65536, max_seqs=128)
+    eng = Engine(cfg, "cuda", EngineOptions(attention=args.attention, max_tokens=65536, max_seqs=128))
     ready = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     first = wall_ms(lambda: eng.step(batch(rng, 1, 700, cfg.vocab_size)).synchronize())   # not a timed config
     res["startup"] = {"engine_ready_s": round(ready, 2), "first_result_s": round(ready + first / 1e3, 2),
                       "weights_bytes": torch.cuda.memory_allocated() - 0}
     if args.check:
-        REF.append(Engine(cfg, "cuda", graphs=False))
+        REF.append(Engine(cfg, "cuda", EngineOptions(graphs=False)))
     res["configs"] = [per_config(eng, rng, s, n) for s, n in CONFIGS]
     REF.clear()
     for r in res["configs"]:
@@ -147,15 +148,15 @@ def main(argv=None) -> int:
     print("kernels per layer", res["kernels"]["per_layer"], res["kernels"]["per_layer_names"], flush=True)
     if args.unfused:
         fused.enabled = False
-        eng2 = Engine(cfg, "cuda", max_tokens=65536, max_seqs=128)
+        eng2 = Engine(cfg, "cuda", EngineOptions(max_tokens=65536, max_seqs=128))
         res["unfused_configs"] = [per_config(eng2, rng, s, n) for s, n in CONFIGS[:2] + CONFIGS[-1:]]
         res["unfused_kernels"] = count_kernels(eng2, 1, 512)["per_layer"]
         fused.enabled = True
         del eng2
         print("unfused", res["unfused_configs"], flush=True)
     if args.fp8_min_tokens:
-        eng_fp8 = Engine(cfg, "cuda", attention=args.attention, max_tokens=65536, max_seqs=128,
-                         fp8_min_tokens=args.fp8_min_tokens)
+        eng_fp8 = Engine(cfg, "cuda", EngineOptions(attention=args.attention, max_tokens=65536, max_seqs=128,
+                                                     fp8_min_tokens=args.fp8_min_tokens))
         res["fp8_min_tokens"] = args.fp8_min_tokens
         res["fp8_configs"] = [per_config(eng_fp8, rng, s, n) for s, n in CONFIGS]
         del eng_fp8
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         free0 = torch.cuda.mem_get_info()[0]
         alloc0 = torch.cuda.memory_reserved()
-        eng = Engine(cfg, "cuda", max_tokens=8192, max_seqs=64)
+        eng = Engine(cfg, "cuda", EngineOptions(max_tokens=8192, max_seqs=64))
         w_res = torch.cuda.memory_reserved() - alloc0
         w_used = free0 - torch.cuda.mem_get_info()[0]
         configs = [(s, t) for t in token_buckets(8192) for s in (1, 4, 16, 64) if s <= t // 8]

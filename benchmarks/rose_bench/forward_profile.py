@@ -24,6 +24,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_testing.folders import make_folder as _make_folder
 from rose_bench.engine_bench import events_ms
 from rose_bench.record import run_record
@@ -82,13 +83,13 @@ def run_one(model: str, backend: str, configs, folders: Path, warm_only: bool) -
     cells = {}
     cfg = ModelConfig.from_folder(make_folder(model, folders))
     t0 = time.perf_counter()
-    eng = Engine(cfg, "cuda", attention=backend, max_tokens=65536, max_seqs=128)
+    eng = Engine(cfg, "cuda", EngineOptions(attention=backend, max_tokens=65536, max_seqs=128))
     if warm_only:                             # compile the kernels (flashinfer JIT) and leave
         for s, n in configs:
             lens = np.full(s, n, np.int32)
             eng.step(PackedBatch(np.full(s * n, 5, np.int32), lens)).synchronize()
         return {"warm_seconds": round(time.perf_counter() - t0, 1)}
-    ref = Engine(cfg, "cuda", attention="torch_varlen", graphs=False)
+    ref = Engine(cfg, "cuda", EngineOptions(attention="torch_varlen", graphs=False))
     for s, n in configs:
         try:
             cells[f"{s}x{n}"] = cell(eng, ref, s, n, np.random.default_rng(0), profile=True)
@@ -103,7 +104,7 @@ def run_one(model: str, backend: str, configs, folders: Path, warm_only: bool) -
         del ref
         limit, projection.max_tokens = projection.max_tokens, 0
         try:
-            off = Engine(cfg, "cuda", attention=backend, max_tokens=65536, max_seqs=128)
+            off = Engine(cfg, "cuda", EngineOptions(attention=backend, max_tokens=65536, max_seqs=128))
             for s, n in small:
                 cells[f"{s}x{n}"]["graph_ms_splitk_off"] = cell(off, off, s, n, np.random.default_rng(0), False)["graph_ms"]
         finally:
@@ -138,7 +139,7 @@ def kernel_ab(models: list[str], folders: Path, variants: list[str], backend: st
         try:
             for name in variants:
                 apply(name)
-                eng = engines[name] = Engine(cfg, "cuda", attention=backend, max_tokens=4096, max_seqs=8)
+                eng = engines[name] = Engine(cfg, "cuda", EngineOptions(attention=backend, max_tokens=4096, max_seqs=8))
                 for s, n in configs:
                     b = PackedBatch(np.full(s * n, 7, np.int32), np.full(s, n, np.int32))
                     for _ in range(2):

@@ -163,12 +163,14 @@ def engine_embed(folder: Path, seqs: list[list[int]], device: str, fp8: bool, ma
 
     from rose_backend.config import ModelConfig
     from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
     from rose_backend.layers.fp8 import quantize_linears
     cfg = ModelConfig.from_folder(folder)
     dtype = torch.bfloat16
     some = fp8 and projections is not None
-    eng = Engine(cfg, device, dtype=dtype, attention=attention, max_tokens=max(max_batch_tokens, cfg.max_positions), max_seqs=512,
-                 fp8_min_tokens=1 if fp8 and not some else None)
+    eng = Engine(cfg, device, EngineOptions(dtype=dtype, attention=attention, max_seqs=512,
+                                            max_tokens=max(max_batch_tokens, cfg.max_positions),
+                                            fp8_min_tokens=1 if fp8 and not some else None))
     if some:                                              # before the first batch: no graph holds the bf16 path yet
         if not quantize_linears(eng.model, 1, projections):
             raise ValueError(f"--projections {'+'.join(projections)}: no projection of {cfg.model_type} has that name")

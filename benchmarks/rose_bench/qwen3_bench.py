@@ -24,6 +24,7 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.layers import fused
 from rose_testing.folders import make_folder
 from rose_bench.engine_bench import per_config
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
             print("flashinfer not installed: skipping its kernels", flush=True)
             continue
         fused.enabled = kernels == "flashinfer"
-        eng = Engine(cfg, "cuda", attention=args.attention)
+        eng = Engine(cfg, "cuda", EngineOptions(attention=args.attention))
         for n_seqs, seq_len in SHAPES:
             t0 = time.time()
             r = per_config(eng, rng, n_seqs, seq_len)

@@ -22,10 +22,11 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.batch import HEAD_OUTPUTS, PackedBatch, graph_tags, row_names
-from rose_backend.engine.graph_cache import GraphCache, Key, bucket_limits
+from rose_backend.engine.graph_cache import GraphCache, Key
 from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.memory_budget import check_fits, device_limit, engine_budget
 from rose_backend.engine.lone import LonePath
+from rose_backend.engine.options import EngineOptions
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.engine.stats import EngineStats
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
@@ -45,55 +46,35 @@ class Engine:
     >>> eng = Engine(ModelConfig.from_folder(None))
     >>> emb = eng.step(PackedBatch(ids, lens)).synchronize()     # [S, D] float32
 
-    Arguments (all but cfg have defaults):
-        device        "cpu", "cuda", "cuda:1", ... (the serving layer passes Triton's device id)
-        dtype         default bf16 on CUDA, float32 on the CPU
-        attention     a backend name (attention.py) for every batch, or None / "auto": per configuration
-                      from the measured table (backend_table.py), CPU: sdpa_loop
-        graphs        CUDA graphs with lazy capture (default: on CUDA only; True on the CPU runs the same
-                      bucketed static-buffer path with a stand-in graph); False: every batch eager, unpadded
-        max_tokens, max_seqs  largest token / sequence-count (powers of two) bucket (past them: eager); default
-                      the serving defaults, graph_cache.bucket_limits: max(16384, the model's max positions), 64
-        max_inflight  handles the caller keeps outstanding (the pinned ring has max_inflight + 1 slots)
-        graph_memory_cap_bytes  no new graph once graphs hold this much (None: no cap; graph_cache.py)
-        memory_limit_bytes  refuse to start when `budget` (memory_budget.py, computed before loading)
-                      is over it; None: on CUDA the free memory less a margin, on the CPU no check
-        backend_table a BackendTable or a path to its JSON (default: engine/attention_table.json)
-        fp8_min_tokens  FP8 projection GEMMs for batches of at least this many tokens (layers/fp8.py); None: off
-        weights_from  another Engine whose weights this one runs (the query lane, serving/query_lane.py):
-                      buckets, buffers, graphs and attention workspaces of its own, on a high-priority stream
-    Each batch runs eagerly (first sight, or graphs off), captured (second sight) or replayed.
+    device is "cpu", "cuda", "cuda:1", ... (the serving layer passes Triton's device id), options the
+    knobs (options.py; None: every default). weights_from: another Engine whose weights this one runs
+    (the query lane, serving/query_lane.py), with buckets, buffers, graphs and attention workspaces of its
+    own, on a high-priority stream. Each batch runs eagerly (first sight, or graphs off), captured
+    (second sight) or replayed.
     """
 
-    def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, attention: str | None = None, *,
-                 graphs: bool | None = None, max_tokens: int | None = None, max_seqs: int | None = None,
-                 max_inflight: int = 2, graph_memory_cap_bytes: int | None = None,
-                 memory_limit_bytes: int | None = None,
-                 backend_table: BackendTable | str | None = None, fp8_min_tokens: int | None = None,
-                 weights_from: "Engine | None" = None):
+    def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu", options: EngineOptions | None = None,
+                 *, weights_from: "Engine | None" = None):
         t0 = time.perf_counter()
         self.cfg = cfg
+        self.options = o = options or EngineOptions()
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         cuda = self.device.type == "cuda"
         self.bind_thread()
-        self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
-        self.attention = None if attention in (None, "auto") else attention
+        self.dtype = o.torch_dtype(self.device)
+        self.attention = o.attention
         self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
-        self.graphs_on = cuda if graphs is None else bool(graphs)
-        limits = bucket_limits(cfg.max_positions)         # the serving defaults where none is given
-        max_tokens, max_seqs = max_tokens or limits["max_tokens"], max_seqs or limits["max_seqs"]
-        self.budget = engine_budget(cfg, self.device, self.dtype, self.attention, max_tokens, max_seqs, max_inflight,
-                                    graph_memory_cap_bytes, self.graphs_on, bool(fp8_min_tokens), weights_from is not None)
-        check_fits(self.budget, device_limit(self.device, memory_limit_bytes), f"on {self.device}")
+        self.graphs_on = o.graphs_on(self.device)
+        self.budget = engine_budget(cfg, self.device, o, shared_weights=weights_from is not None)
+        check_fits(self.budget, device_limit(self.device, o.memory_limit_bytes), f"on {self.device}")
         self.stream = torch.cuda.Stream(self.device, priority=-1) if weights_from is not None and cuda else None
         if weights_from is not None:
             self.model, self.heads, self.head = weights_from.model, weights_from.heads, weights_from.head
         else:
             self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
-            quantize_for_fp8(self.model, self.device, fp8_min_tokens)         # dtype=fp8 (None: nothing)
+            quantize_for_fp8(self.model, self.device, o.fp8_min_tokens)         # dtype=fp8 (None: nothing)
             self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
             self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
         self.type_stride = cfg.max_positions if cfg.uses_token_types else 0
@@ -106,16 +87,17 @@ class Engine:
             graphable = [n for n in avail if not cuda or backend_class(n).supports_cuda_graphs]
             self.available = graphable or avail
         self._chosen: dict[tuple[int, int], str] = {}     # (seqs, tokens) -> backend_for's answer
-        self.table = backend_table if isinstance(backend_table, BackendTable) else BackendTable.load(backend_table)
+        table = o.backend_table
+        self.table = table if isinstance(table, BackendTable) else BackendTable.load(table)
         self.max_len = cfg.max_positions
-        self.graphs = GraphCache(max_tokens, max_seqs, graph_memory_cap_bytes, enabled=self.graphs_on)
+        self.graphs = GraphCache(*o.buckets(cfg.max_positions), o.graph_memory_cap_bytes, enabled=self.graphs_on)
         tb, sb = self.graphs.t_buckets[-1], self.graphs.s_buckets[-1]
         words = Layout(sb, tb).words
         self._static = torch.zeros(words, dtype=torch.int32, device=self.device)
         self._arange = np.arange(tb, dtype=np.int32)             # positions of a lone sequence
         self._views: dict[Key, DeviceViews] = {}
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
-        self._slots = [Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(max_inflight + 1)]
+        self._slots = [Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(o.max_inflight + 1)]
         self._next_slot = 0
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks

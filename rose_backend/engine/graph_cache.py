@@ -39,7 +39,7 @@ BATCH_SEQS = 64
 def bucket_limits(max_positions: int, batch_tokens: int = BATCH_TOKENS, batch_seqs: int = BATCH_SEQS) -> dict:
     """The engine's bucket limits for a model of max_positions under a batch budget: the token buckets
     cover every batch the scheduler forms (one sequence of the model's full length may exceed
-    batch_tokens), the sequence buckets batch_seqs. Engine(max_tokens=..., max_seqs=...) keywords."""
+    batch_tokens), the sequence buckets batch_seqs. EngineOptions(max_tokens=..., max_seqs=...) keywords."""
     return {"max_tokens": max(batch_tokens, max_positions), "max_seqs": batch_seqs}
 
 

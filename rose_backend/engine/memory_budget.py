@@ -1,7 +1,7 @@
 """What an engine will hold in its device's memory, computed before anything is loaded.
 
-    budget = engine_budget(cfg, "cuda:0", torch.bfloat16, max_tokens=16384, max_seqs=64,
-                           graph_memory_cap_bytes=4 << 30)
+    budget = engine_budget(cfg, "cuda:0", EngineOptions(max_tokens=16384, max_seqs=64,
+                                                       graph_memory_cap_bytes=4 << 30))
     budget.total, budget.describe()    # BGE-M3 on an H200: "weights 1085 MiB, graphs 4096 MiB, ... = 6157 MiB"
     check_fits(budget, device_limit("cuda:0"))   # MemoryBudgetExceeded naming every part
 
@@ -55,7 +55,8 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
-from rose_backend.engine.graph_cache import bucket_limits, seq_buckets, token_buckets
+from rose_backend.engine.graph_cache import seq_buckets, token_buckets
+from rose_backend.engine.options import EngineOptions
 from rose_backend.engine.staging import Layout
 from rose_backend.layers.attention import AttentionShape, available_backends, backend_class
 from rose_backend.layers.fp8 import fp8_copy_bytes
@@ -94,27 +95,24 @@ class MemoryBudget:
         return MemoryBudget(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
 
-def engine_budget(cfg: ModelConfig, device: str | torch.device, dtype: torch.dtype, attention: str | None = None,
-                  max_tokens: int | None = None, max_seqs: int | None = None, max_inflight: int = 2,
-                  graph_memory_cap_bytes: int | None = None, graphs: bool | None = None,
-                  fp8: bool = False, shared_weights: bool = False) -> MemoryBudget:
-    """The budget of Engine(cfg, device, dtype, attention, max_tokens=..., ...) (same defaults);
-    fp8: the engine also holds FP8 copies of the projections (layers/fp8.py); shared_weights: it runs
-    another engine's weights (Engine(weights_from=...)), so they are not counted again."""
-    limits = bucket_limits(cfg.max_positions)
-    max_tokens, max_seqs = max_tokens or limits["max_tokens"], max_seqs or limits["max_seqs"]
+def engine_budget(cfg: ModelConfig, device: str | torch.device, options: EngineOptions | None = None,
+                  shared_weights: bool = False) -> MemoryBudget:
+    """The budget of Engine(cfg, device, options): with options.fp8_min_tokens the engine also holds
+    FP8 copies of the projections (layers/fp8.py); shared_weights: it runs another engine's weights
+    (Engine(weights_from=...)), so they are not counted again."""
+    o = options or EngineOptions()
     device = torch.device(device)
     cuda = device.type == "cuda"
-    graphs = cuda if graphs is None else graphs
+    dtype, graphs, (max_tokens, max_seqs) = o.torch_dtype(device), o.graphs_on(device), o.buckets(cfg.max_positions)
     elt = torch.empty(0, dtype=dtype).element_size()
     tb, sb = token_buckets(max_tokens)[-1], seq_buckets(max_seqs)[-1]
     act = activation_bytes(cfg, elt, tb, min(tb, cfg.max_positions), cpu_scores=not cuda)
     words = Layout(sb, tb).words * 4
-    ring = 0 if cuda else (max_inflight + 1) * (words + (sb + 1) * cfg.embedding_dim * 4)
-    pool = 0 if not graphs else (act if graph_memory_cap_bytes is None else graph_memory_cap_bytes)
-    weights = 0 if shared_weights else weight_bytes(cfg, elt) + (fp8_copy_bytes(cfg) if fp8 else 0)
+    ring = 0 if cuda else (o.max_inflight + 1) * (words + (sb + 1) * cfg.embedding_dim * 4)
+    pool = 0 if not graphs else (act if o.graph_memory_cap_bytes is None else o.graph_memory_cap_bytes)
+    weights = 0 if shared_weights else weight_bytes(cfg, elt) + (fp8_copy_bytes(cfg) if o.fp8_min_tokens else 0)
     return MemoryBudget(weights=weights, graphs=pool,
-                        workspace=workspace_bytes(cfg, device, dtype, attention), buffers=words + ring,
+                        workspace=workspace_bytes(cfg, device, dtype, o.attention), buffers=words + ring,
                         activations=act)
 
 

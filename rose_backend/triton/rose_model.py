@@ -67,12 +67,13 @@ class RoseModel(DecoupledModel):
             dtype = getattr(torch, s.torch_dtype_name) if s.torch_dtype_name else None
             from rose_backend.engine.engine import Engine
             from rose_backend.engine.memory_budget import MIB, device_limit
+            from rose_backend.engine.options import EngineOptions
             self.memory_limit = device_limit(device, s.memory_limit_mb * MIB or None)   # None: no check
-            self.engine = Engine(
-                cfg, device=device, dtype=dtype, attention=s.attention or None,
+            self.engine = Engine(cfg, device, EngineOptions(
+                dtype=dtype, attention=s.attention or None,
                 **s.engine_limits(cfg), max_inflight=s.max_inflight, graphs=s.graphs,
                 graph_memory_cap_bytes=s.graph_memory_mb * MIB or None, memory_limit_bytes=self.memory_limit,
-                fp8_min_tokens=s.engine_fp8_min_tokens(cfg))
+                fp8_min_tokens=s.engine_fp8_min_tokens(cfg)))
             limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
             pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} "
                                      f"(limit {limit})")
@@ -90,10 +91,11 @@ class RoseModel(DecoupledModel):
             self.budget = self.engine.budget        # what the engines hold: the gauges' parts
             if s.interactive_stream == "on" or (s.interactive_stream == "auto" and self.engine.device.type == "cuda"):
                 left = None if self.memory_limit is None else self.memory_limit - self.engine.budget.total
-                query_engine = Engine(cfg, device=device, dtype=dtype, attention=s.attention or None,
-                                      **s.engine_limits(cfg), max_inflight=1, graphs=s.graphs,
-                                      graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
-                                      memory_limit_bytes=left, weights_from=self.engine)
+                query_engine = Engine(cfg, device, EngineOptions(
+                    dtype=dtype, attention=s.attention or None,
+                    **s.engine_limits(cfg), max_inflight=1, graphs=s.graphs,
+                    graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
+                    memory_limit_bytes=left), weights_from=self.engine)
                 self.budget = self.engine.budget + query_engine.budget
                 pb_utils.Logger.log_info(f"rose: memory budget of the query lane's engine: {query_engine.budget.describe()}; "
                                          f"both engines {self.budget.total / MIB:.0f} MiB (limit {limit})")

@@ -10,6 +10,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, SdpaLoopBackend,
                                            available_backends, make_backend, unavailable_reason)
 
@@ -30,7 +31,7 @@ def _batch(rng, cfg, max_seqs=9, max_len=120):
 
 
 def test_graph_path_matches_eager_over_random_batches(cfg, eager):
-    g = Engine(cfg, graphs=True, max_tokens=1024, max_seqs=16)
+    g = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=1024, max_seqs=16))
     rng = np.random.default_rng(0)
     batches = [_batch(rng, cfg) for _ in range(6)]
     for rep in range(3):                           # eager, capture, replay for each configuration
@@ -47,7 +48,7 @@ def test_graph_path_matches_eager_over_random_batches(cfg, eager):
 
 
 def test_unbucketed_batch_runs_eager(cfg, eager):
-    g = Engine(cfg, graphs=True, max_tokens=128, max_seqs=2)
+    g = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=128, max_seqs=2))
     b = _batch(np.random.default_rng(1), cfg, max_seqs=5, max_len=100)
     b = PackedBatch(np.concatenate([b.input_ids, b.input_ids]), np.concatenate([b.seq_lens, b.seq_lens]))
     np.testing.assert_allclose(g.step(b).synchronize(), eager.step(b).synchronize(), atol=1e-5)
@@ -55,7 +56,7 @@ def test_unbucketed_batch_runs_eager(cfg, eager):
 
 
 def test_ring_detaches_unsynchronized_handles(cfg):
-    g = Engine(cfg, graphs=True, max_tokens=512, max_seqs=4, max_inflight=1)
+    g = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=512, max_seqs=4, max_inflight=1))
     rng = np.random.default_rng(2)
     bs = [_batch(rng, cfg, max_seqs=3, max_len=50) for _ in range(5)]
     handles = [g.step(b) for b in bs]              # more outstanding than max_inflight
@@ -150,7 +151,7 @@ def test_max_seqlen_bound_joins_the_key_for_grid_backends(cfg, eager):
             assert meta.max_seqlen >= max(meta.lens())
             super().plan(meta)
 
-    g = Engine(cfg, graphs=True, attention="test_bound_loop", max_tokens=1024, max_seqs=8)
+    g = Engine(cfg, options=EngineOptions(graphs=True, attention="test_bound_loop", max_tokens=1024, max_seqs=8))
     short = PackedBatch(np.arange(3, 63, dtype=np.int32), np.array([30, 30], np.int32))       # longest 30
     long_ = PackedBatch(np.arange(3, 63, dtype=np.int32), np.array([5, 55], np.int32))        # longest 55
     keys = []
@@ -171,7 +172,7 @@ def test_the_lone_path_replays_a_captured_graph_and_equals_step(cfg, eager, monk
     from rose_backend.engine import lone, staging
     for module in (lone, staging):                      # layouts past 128 tokens are staged without a template
         monkeypatch.setattr(module, "LONE_TEMPLATE_MAX_TOKENS", 128)
-    g = Engine(cfg, graphs=True, max_tokens=512, max_seqs=4)
+    g = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=512, max_seqs=4))
     rng = np.random.default_rng(3)
     for length, others in ((100, (65, 128)), (300, (257, 320))):         # buckets 128 and 320
         ids = rng.integers(0, cfg.vocab_size, size=length).astype(np.int32)

@@ -9,6 +9,7 @@ from torch import nn
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.memory_budget import engine_budget
+from rose_backend.engine.options import EngineOptions
 from rose_backend.layers.fp8 import FP8, Fp8Linear, fp8_copy_bytes, quantize_linears, quantize_rows, unavailable_reason
 from rose_testing.compare import cos_dist
 from rose_testing.folders import make_folder
@@ -55,20 +56,20 @@ def test_fp8_engine_matches_the_float32_reference(tmp_path, shape):
     rng = np.random.default_rng(3)
     seqs = [rng.integers(5, cfg.vocab_size - 1, size=n).tolist() for n in (9, 31, 64, 17)]
     want = Reference(folder).embed(seqs)
-    fp8 = Engine(cfg, fp8_min_tokens=1)                                 # every batch on the FP8 path
+    fp8 = Engine(cfg, options=EngineOptions(fp8_min_tokens=1))                  # every batch on the FP8 path
     got = fp8.embed(seqs)
     gap = cos_dist(got, want)
     assert float(gap.max()) <= 5e-3, gap                               # the README's fp8 gate
     plain = Engine(cfg).embed(seqs)
     assert float(cos_dist(plain, want).max()) < float(gap.max())       # the quantization is what it costs
-    above = Engine(cfg, fp8_min_tokens=10_000).embed(seqs)              # threshold past the batch: unchanged
+    above = Engine(cfg, options=EngineOptions(fp8_min_tokens=10_000)).embed(seqs)   # threshold past the batch: unchanged
     np.testing.assert_allclose(above, plain, rtol=1e-6, atol=1e-6)
 
 
 def test_the_budget_counts_the_fp8_copies(tmp_path):
     cfg = ModelConfig.from_folder(make_folder("tiny-qwen3", tmp_path / "tiny-qwen3"))
-    plain = engine_budget(cfg, "cpu", torch.float32)
-    fp8 = engine_budget(cfg, "cpu", torch.float32, fp8=True)
+    plain = engine_budget(cfg, "cpu")
+    fp8 = engine_budget(cfg, "cpu", EngineOptions(fp8_min_tokens=1))
     assert fp8.weights - plain.weights == fp8_copy_bytes(cfg) > 0
     from rose_backend.models import build_model
     model = build_model(cfg)

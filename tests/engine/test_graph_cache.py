@@ -89,11 +89,13 @@ def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct(minilm_
     from rose_backend.config import ModelConfig
     from rose_backend.engine.batch import PackedBatch
     from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
 
     cfg = ModelConfig.from_folder(minilm_shaped_dir)
     one_graph = (8 + 1) * cfg.embedding_dim * 4                      # [Sb + 1, D] float32, Sb = 8
-    eng = Engine(cfg, graphs=True, max_tokens=512, max_seqs=8, graph_memory_cap_bytes=one_graph)
-    ref = Engine(cfg, graphs=False)
+    eng = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=512, max_seqs=8,
+                                            graph_memory_cap_bytes=one_graph))
+    ref = Engine(cfg, options=EngineOptions(graphs=False))
     rng = np.random.default_rng(0)
     batches = [PackedBatch(rng.integers(1000, 2000, n * L, dtype=np.int32), np.full(n, L, dtype=np.int32))
                for n, L in ((5, 20), (1, 100), (3, 150))]               # buckets (8, 128), (1, 128), (4, 512)
@@ -106,7 +108,7 @@ def test_engine_runs_eagerly_past_its_graph_memory_cap_and_stays_correct(minilm_
     assert st.graph_replays == 1                                      # the first configuration's third sight
     assert st.capture_refused == 4 and eng.graphs.refused == 4        # sights 2 and 3 of the other two
     assert st.eager_runs == 1 + 3 + 3
-    uncapped = Engine(cfg, graphs=True, max_tokens=512, max_seqs=8)
+    uncapped = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=512, max_seqs=8))
     for b in batches:
         for _ in range(3):
             uncapped.step(b).synchronize()
@@ -120,15 +122,16 @@ def test_forced_out_of_memory_past_the_cap_loses_nothing(minilm_shaped_dir):
 
     from rose_backend.config import ModelConfig
     from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
     from rose_backend.serving.scheduler import Request
     from support.requests import run_service
 
     cfg = ModelConfig.from_folder(minilm_shaped_dir)
     # one configuration captured at start fills the cap: every other one runs eagerly from there on
-    eng = Engine(cfg, graphs=True, max_tokens=2048, max_seqs=64, graph_memory_cap_bytes=1)
+    eng = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=2048, max_seqs=64, graph_memory_cap_bytes=1))
     eng.precapture([(1, 64)])
     assert eng.graphs.full and eng.stats.graph_captures == 1
-    ref = Engine(cfg, graphs=False)
+    ref = Engine(cfg, options=EngineOptions(graphs=False))
 
     class OutOfMemoryOver:                 # a GPU with room for 150 tokens (a CPU cannot run out)
         refused = 0

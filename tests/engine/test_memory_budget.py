@@ -15,6 +15,7 @@ from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.memory_budget import (MIB, MemoryBudget, MemoryBudgetExceeded, activation_bytes,
                                                check_fits, device_limit, engine_budget, weight_bytes)
+from rose_backend.engine.options import EngineOptions
 from rose_testing.folders import make_folder
 from rose_testing.m3_folders import make_m3_folder
 from rose_testing.qwen3 import write_qwen3_folder
@@ -56,7 +57,7 @@ def held_bytes(engine: Engine) -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_weights_are_the_bytes_the_loaded_model_holds(folders, name, dtype):
     cfg = ModelConfig.from_folder(folders[name])
-    engine = Engine(cfg, dtype=dtype, max_tokens=256, max_seqs=4)
+    engine = Engine(cfg, options=EngineOptions(dtype=dtype, max_tokens=256, max_seqs=4))
     assert weight_bytes(cfg, torch.empty(0, dtype=dtype).element_size()) == held_bytes(engine)
     assert engine.budget.weights == held_bytes(engine)
 
@@ -81,7 +82,7 @@ def allocator_peak(fn) -> int:
 def test_activations_bound_a_forward_pass_tightly(folders, name, seqs, length):
     """An upper bound on what an eager forward pass allocates, and not a loose one (within 1.5x)."""
     cfg = ModelConfig.from_folder(folders[name])
-    engine = Engine(cfg, graphs=False)
+    engine = Engine(cfg, options=EngineOptions(graphs=False))
     rng = np.random.default_rng(0)
     batch = PackedBatch(rng.integers(4, cfg.vocab_size, seqs * length, dtype=np.int32),
                         np.full(seqs, length, dtype=np.int32),
@@ -94,29 +95,30 @@ def test_activations_bound_a_forward_pass_tightly(folders, name, seqs, length):
 
 def test_the_budget_is_computed_before_the_engine_loads_and_matches_its_sizes(folders):
     cfg = ModelConfig.from_folder(folders["tiny-bert"])
-    engine = Engine(cfg, max_tokens=1024, max_seqs=8, max_inflight=3)
-    b = engine_budget(cfg, "cpu", torch.float32, max_tokens=1024, max_seqs=8, max_inflight=3)
+    options = EngineOptions(max_tokens=1024, max_seqs=8, max_inflight=3)
+    engine = Engine(cfg, options=options)
+    b = engine_budget(cfg, "cpu", options)
     assert engine.budget == b
     words = engine._static.numel() * 4
     ring = sum(s.staging.numel() * 4 + s.out.numel() * 4 for s in engine._slots)
     assert b.buffers == words + ring and len(engine._slots) == 4
     assert b.graphs == 0 and b.workspace == 0            # graphs off and no attention workspace on the CPU
     assert b.activations == activation_bytes(cfg, 4, 1024, cfg.max_positions)
-    on = engine_budget(cfg, "cpu", torch.float32, max_tokens=1024, graphs=True, graph_memory_cap_bytes=5 * MIB)
+    on = engine_budget(cfg, "cpu", EngineOptions(max_tokens=1024, graphs=True, graph_memory_cap_bytes=5 * MIB))
     assert on.graphs == 5 * MIB
-    assert engine_budget(cfg, "cpu", torch.float32, max_tokens=1024, graphs=True).graphs == on.activations
+    assert engine_budget(cfg, "cpu", EngineOptions(max_tokens=1024, graphs=True)).graphs == on.activations
 
 
 def test_an_engine_over_its_limit_refuses_to_load_naming_every_part(folders):
     cfg = ModelConfig.from_folder(folders["tiny-bert"])
-    b = engine_budget(cfg, "cpu", torch.float32, max_tokens=1024, max_seqs=8)
+    b = engine_budget(cfg, "cpu", EngineOptions(max_tokens=1024, max_seqs=8))
     with pytest.raises(MemoryBudgetExceeded) as e:
-        Engine(cfg, max_tokens=1024, max_seqs=8, memory_limit_bytes=b.total - 1)
+        Engine(cfg, options=EngineOptions(max_tokens=1024, max_seqs=8, memory_limit_bytes=b.total - 1))
     msg = str(e.value)
     for part, mib in b.parts_mib().items():
         assert f"{part} {mib:.0f} MiB" in msg
     assert f"= {b.total / MIB:.0f} MiB" in msg and f"limit of {(b.total - 1) / MIB:.0f} MiB" in msg
-    Engine(cfg, max_tokens=1024, max_seqs=8, memory_limit_bytes=b.total)        # exactly enough loads
+    Engine(cfg, options=EngineOptions(max_tokens=1024, max_seqs=8, memory_limit_bytes=b.total))   # exactly enough loads
 
 
 def test_limits_and_totals():

@@ -13,6 +13,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.layers import switches
 from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, available_backends,
                                            make_backend)
@@ -81,8 +82,8 @@ def test_backends_match_reference(shape):
 
 # ---------------------------------------------------------------- engine vs eager vs HF
 def _check_model(cfg, max_len, n_batches, n_hf, seed, report):
-    eager = Engine(cfg, "cuda", graphs=False)
-    graph = Engine(cfg, "cuda", max_tokens=MAX_TOKENS, max_seqs=64)
+    eager = Engine(cfg, "cuda", EngineOptions(graphs=False))
+    graph = Engine(cfg, "cuda", EngineOptions(max_tokens=MAX_TOKENS, max_seqs=64))
     rng = np.random.default_rng(seed)
     comps = _compositions(rng, n_batches, max_len, vocab=cfg.vocab_size)
     worst, t0 = 0.0, time.perf_counter()

@@ -10,6 +10,7 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.layers.fp8 import FP8_MAX, fp8_matmul, quantize_rows, unavailable_reason
 from rose_testing.compare import cos_dist
 from rose_testing.folders import make_folder
@@ -52,7 +53,7 @@ def test_fp8_engine_through_graphs_matches_the_float32_reference(gpu_tmp, shape)
     rng = np.random.default_rng(7)
     seqs = [rng.integers(5, cfg.vocab_size - 1, size=n).tolist() for n in (300, 17, 64, 128, 9)]
     want = Reference(folder, device="cuda").embed(seqs)
-    eng = Engine(cfg, "cuda", fp8_min_tokens=256)                     # this batch: FP8; 1 x 64: bf16
+    eng = Engine(cfg, "cuda", EngineOptions(fp8_min_tokens=256))                     # this batch: FP8; 1 x 64: bf16
     runs = [eng.embed(seqs) for _ in range(3)]                         # eager, capture, replay
     assert eng.stats.graph_captures >= 1 and eng.stats.graph_replays >= 1
     for got in runs:

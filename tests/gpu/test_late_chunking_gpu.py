@@ -10,6 +10,7 @@ import pytest
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.serving.outputs import OutputOptions, build_outputs, collect_piece, with_token_inputs
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
@@ -49,7 +50,7 @@ def test_chunk_vectors_on_cuda_match_transformers(folders, name):
     tok = TextTokenizer.from_folder(folder, max_seq_length=64)
     documents = documents_for(name, np.random.default_rng(5))
     plan = LateChunker(tok, 16).plan(documents)
-    engine = Engine(cfg, device="cuda", graphs=True)
+    engine = Engine(cfg, "cuda", EngineOptions(graphs=True))
     done = threading.Event()
     service = EmbeddingService(engine, lambda r: done.set(), max_batch_tokens=128, max_batch_seqs=4,
                                on_piece=functools.partial(collect_piece, skip_ids=None))

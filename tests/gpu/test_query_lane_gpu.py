@@ -10,6 +10,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_testing.compare import cos_dist
 from rose_testing.folders import make_folder
 from rose_testing.reference import Reference
@@ -18,8 +19,8 @@ from rose_testing.reference import Reference
 def test_two_engines_on_one_set_of_weights_run_side_by_side(gpu_tmp):
     folder = make_folder("tiny-xlm-roberta", gpu_tmp / "query-lane-xlmr", device="cuda")
     cfg = ModelConfig.from_folder(folder)
-    main = Engine(cfg, "cuda", attention="torch_varlen")
-    query = Engine(cfg, "cuda", attention="torch_varlen", max_inflight=1, weights_from=main)
+    main = Engine(cfg, "cuda", EngineOptions(attention="torch_varlen"))
+    query = Engine(cfg, "cuda", EngineOptions(attention="torch_varlen", max_inflight=1), weights_from=main)
     assert query.model is main.model and query.stream is not None and query.stream.priority < 0
     rng = np.random.default_rng(5)
     big = [rng.integers(5, cfg.vocab_size - 1, size=400).tolist() for _ in range(20)]

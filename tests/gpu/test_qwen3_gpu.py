@@ -13,6 +13,7 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.layers import fused
 from rose_backend.layers.attention import AttentionShape, available_backends
 from rose_testing.compare import cos_dist
@@ -56,7 +57,7 @@ def test_0p6b_bf16_eager_and_graph_match_float32(folder, kernels, monkeypatch):
         pytest.skip("flashinfer is not installed")
     monkeypatch.setattr(fused, "enabled", kernels == "flashinfer")
     for name in _backends(cfg):
-        eng = Engine(cfg, "cuda", attention=name)
+        eng = Engine(cfg, "cuda", EngineOptions(attention=name))
         for _ in range(3):                                 # eager, capture, replay
             got = eng.embed(runs[0])
             assert cos_dist(got, wants[0]).max() <= TOL, (name, cos_dist(got, wants[0]))

@@ -7,6 +7,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.serving.outputs import colbert_outputs, sparse_outputs
 from rose_testing.m3_folders import make_m3_folder, write_heads
@@ -59,8 +60,8 @@ def _batch(want, seed=0):
 
 def test_graph_path_matches_the_eager_path_and_keeps_dense_graphs_apart(folder):
     cfg = ModelConfig.from_folder(folder)
-    eager = Engine(cfg, graphs=False)
-    graphed = Engine(cfg, graphs=True, max_tokens=256, max_seqs=8)   # CPU stand-in graphs, same static buffers
+    eager = Engine(cfg, options=EngineOptions(graphs=False))
+    graphed = Engine(cfg, options=EngineOptions(graphs=True, max_tokens=256, max_seqs=8))   # CPU stand-in graphs
     want = ("sparse", "colbert")
     ref = eager.step(_batch(want))
     ref_emb = ref.synchronize()

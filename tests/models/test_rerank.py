@@ -129,6 +129,7 @@ def test_qwen3_reranker_static_path_and_untied_head(folders, tmp_path, tied):
     lm_head rows read from the tied embeddings or from lm_head.weight."""
     from safetensors.torch import load_file, save_file
     from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
     from rose_ensemble.pair_tokenization import PairTokenizer
     folder = folders["tiny-qwen3-reranker"]
     if not tied:
@@ -140,7 +141,7 @@ def test_qwen3_reranker_static_path_and_untied_head(folders, tmp_path, tied):
     query, docs = words(rng, 5), [words(rng, n) for n in (0, 12, 70, 3)]
     ids, lens, _ = PairTokenizer.from_folder(folder).encode(query, docs)
     cu = np.concatenate([[0], np.cumsum(lens)])
-    engine = Engine(ModelConfig.from_folder(folder), graphs=True, max_tokens=1024, max_seqs=8)
+    engine = Engine(ModelConfig.from_folder(folder), options=EngineOptions(graphs=True, max_tokens=1024, max_seqs=8))
     got = engine.embed([ids[a:b] for a, b in zip(cu[:-1], cu[1:])])[:, 0]
     assert engine.last_key is not None
     np.testing.assert_allclose(got, reference_scores(folder, query, docs), atol=1e-4, rtol=0)
@@ -148,13 +149,14 @@ def test_qwen3_reranker_static_path_and_untied_head(folders, tmp_path, tied):
 
 def test_bert_segment_ids_on_the_static_path(folders):
     from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
     from rose_ensemble.pair_tokenization import PairTokenizer
     folder = folders["tiny-bert-ce"]
     query, docs = "red rose garden", ["a blue river city", "", "flower " * 200]
     ids, lens, types = PairTokenizer.from_folder(folder).encode(query, docs)
     cu = np.concatenate([[0], np.cumsum(lens)])
     split = [(ids[a:b], types[a:b]) for a, b in zip(cu[:-1], cu[1:])]
-    engine = Engine(ModelConfig.from_folder(folder), graphs=True, max_tokens=1024, max_seqs=8)
+    engine = Engine(ModelConfig.from_folder(folder), options=EngineOptions(graphs=True, max_tokens=1024, max_seqs=8))
     ref = reference_scores(folder, query, docs)
     got = engine.embed([i for i, _ in split], [t for _, t in split])[:, 0]
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)

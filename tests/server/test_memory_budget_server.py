@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.memory_budget import MIB, engine_budget
+from rose_backend.engine.options import EngineOptions
 from rose_backend.triton.model_settings import RoseSettings
 from rose_backend.launch.triton_install import LaunchError
 from support.server import running_server
@@ -23,8 +23,8 @@ def deployed_budget():
     """The budget of the default deployment's `rose` on the CPU, as initialize() computes it."""
     s, cfg = RoseSettings(), ModelConfig.from_folder(None)
     limits = s.engine_limits(cfg)
-    return engine_budget(cfg, "cpu", torch.float32, None, limits["max_tokens"], limits["max_seqs"], s.max_inflight,
-                         s.graph_memory_mb * MIB, None)
+    return engine_budget(cfg, "cpu", EngineOptions(max_inflight=s.max_inflight,
+                                                   graph_memory_cap_bytes=s.graph_memory_mb * MIB, **limits))
 
 
 def budget_gauges(server) -> dict[str, float]:

@@ -10,6 +10,7 @@ import pytest
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.serving.outputs import OutputOptions, build_outputs, collect_piece, with_token_inputs
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
@@ -185,7 +186,7 @@ def test_hidden_states_have_graphs_of_their_own(folders):
     from rose_testing.folders import random_ids
     from rose_testing.reference import Reference
     folder = folders["tiny-bert (mean)"]
-    engine = Engine(ModelConfig.from_folder(folder), graphs=True)
+    engine = Engine(ModelConfig.from_folder(folder), options=EngineOptions(graphs=True))
     ref = Reference(folder)
     rng = np.random.default_rng(1)
     for step in range(3):                                   # eager, capture, replay

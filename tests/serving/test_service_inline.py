@@ -10,6 +10,7 @@ import pytest
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
+from rose_backend.engine.options import EngineOptions
 from rose_backend.serving.service import BATCH_HOLD_S, EmbeddingService
 from rose_testing.waiting import wait_until
 from rose_backend.serving.stage_clock import StageClock
@@ -245,7 +246,8 @@ def test_run_lone_answers_one_sequence_on_the_calling_thread_once_its_graph_is_c
     """EmbeddingService.run_lone: not taken before the configuration's graph exists, nor while
     anything is in flight or queued, nor for a request of a backlog; taken, it answers on the
     calling thread with the same row as the batch path and counts the request."""
-    engine = Engine(ModelConfig.from_folder(minilm_shaped_dir), graphs=True, max_tokens=512, max_seqs=8)
+    engine = Engine(ModelConfig.from_folder(minilm_shaped_dir),
+                    options=EngineOptions(graphs=True, max_tokens=512, max_seqs=8))
     rows = []
     svc = EmbeddingService(engine, lambda r: None, backlog_us=200_000)
     try:
