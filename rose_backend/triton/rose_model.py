@@ -64,65 +64,19 @@ class RoseModel(DecoupledModel):
             # the outputs config.pbtxt declares: a request naming none arrives naming all of them
             self.declared = frozenset(o["name"] for o in json.loads(args["model_config"]).get("output", []))
             device = self._device(s.device, args, torch)
-            dtype = getattr(torch, s.torch_dtype_name) if s.torch_dtype_name else None
-            from rose_backend.engine.engine import Engine
-            from rose_backend.engine.memory_budget import MIB, device_limit
-            from rose_backend.engine.options import EngineOptions
-            self.memory_limit = device_limit(device, s.memory_limit_mb * MIB or None)   # None: no check
-            self.engine = Engine(cfg, device, EngineOptions(
-                dtype=dtype, attention=s.attention or None,
-                **s.engine_limits(cfg), max_inflight=s.max_inflight, graphs=s.graphs,
-                graph_memory_cap_bytes=s.graph_memory_mb * MIB or None, memory_limit_bytes=self.memory_limit,
-                fp8_min_tokens=s.engine_fp8_min_tokens(cfg)))
-            limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
-            pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} "
-                                     f"(limit {limit})")
-            warm = precapture_plan(s.precapture, self.engine.device.type == "cuda",
-                                   max_len=cfg.max_positions, **s.engine_limits(cfg))
-            t0 = time.perf_counter()
-            self.engine.precapture(warm)            # before READY: kernels compiled, graphs captured
-            log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
-            if self.engine.stats.capture_refused:
-                pb_utils.Logger.log_warn(
-                    f"rose: the graph pool reached graph_memory_mb={s.graph_memory_mb} during warm-up "
-                    f"({self.engine.stats.graph_memory_bytes / MIB:.0f} MiB held, {self.engine.stats.graphs} graphs): "
-                    f"configurations past it run eagerly; raise graph_memory_mb or shorten precapture")
-            query_engine = None                     # interactive_stream: the query lane's engine (auto: a GPU's)
-            self.budget = self.engine.budget        # what the engines hold: the gauges' parts
-            if s.interactive_stream == "on" or (s.interactive_stream == "auto" and self.engine.device.type == "cuda"):
-                left = None if self.memory_limit is None else self.memory_limit - self.engine.budget.total
-                query_engine = Engine(cfg, device, EngineOptions(
-                    dtype=dtype, attention=s.attention or None,
-                    **s.engine_limits(cfg), max_inflight=1, graphs=s.graphs,
-                    graph_memory_cap_bytes=s.graph_memory_mb * MIB or None,
-                    memory_limit_bytes=left), weights_from=self.engine)
-                self.budget = self.engine.budget + query_engine.budget
-                pb_utils.Logger.log_info(f"rose: memory budget of the query lane's engine: {query_engine.budget.describe()}; "
-                                         f"both engines {self.budget.total / MIB:.0f} MiB (limit {limit})")
-                query_engine.precapture([c for c in warm if c[1] <= s.bulk_threshold_tokens])
+            query_engine = self._start_engines(s, cfg, device)      # None: no query lane; sets self.engine
             cap_gpu_memory(device, s.gpu_memory_headroom_mb, torch)
             self.limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size,
                                         max_request_seqs=s.max_request_seqs, max_request_tokens=s.max_request_tokens,
                                         type_vocab_size=cfg.type_vocab_size if cfg.uses_token_types else 1)
-            inline = s.inline_execute
-            if inline == "auto":
-                inline = "true" if self.engine.device.type == "cuda" else "false"
             self.clock = StageClock.from_env("rose")
-            self.engine.mark_stages = self.clock is not None
-            if query_engine is not None:
-                query_engine.mark_stages = self.engine.mark_stages
+            for engine in (self.engine, query_engine):
+                if engine is not None:
+                    engine.mark_stages = self.clock is not None
             self.drain_timeout = s.drain_timeout_s
             self.normalize = cfg.normalize
             self.ranges = load_ranges(s.quantization_ranges or None, cfg.model_dir)
-            on_piece = functools.partial(collect_piece, skip_ids=special_token_ids(cfg.model_dir)
-                                         if self.engine.heads is not None else None)    # heads, late chunking
-            self.service = EmbeddingService(
-                self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
-                max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
-                inline=inline == "true", clock=self.clock, on_piece=on_piece,
-                response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
-                release=_release, query_engine=query_engine,
-                backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us)
+            self.service = self._service(s, cfg, query_engine)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])
@@ -130,6 +84,61 @@ class RoseModel(DecoupledModel):
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
         gc.collect()
         gc.freeze()      # start-up objects (weights' modules, tables) leave the collector's scans
+
+    def _start_engines(self, s: RoseSettings, cfg: ModelConfig, device: str):
+        """Build and warm self.engine, then the query lane's engine where interactive_stream asks for one
+        (auto: on a GPU), on the main engine's weights; returns it, or None. Sets self.memory_limit and
+        self.budget (what the engines hold), and logs each engine's budget."""
+        from rose_backend.engine.engine import Engine
+        from rose_backend.engine.memory_budget import MIB
+        from rose_backend.triton.engine_options import engine_options, query_options
+        options = engine_options(s, cfg, device)
+        self.memory_limit = options.memory_limit_bytes          # None: no check
+        self.engine = Engine(cfg, device, options)
+        self.budget = self.engine.budget
+        limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
+        pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} (limit {limit})")
+        warm = self._warm_up(s, cfg)
+        if not (s.interactive_stream == "on" or (s.interactive_stream == "auto" and self.engine.device.type == "cuda")):
+            return None
+        query_engine = Engine(cfg, device, query_options(options, self.engine.budget.total), weights_from=self.engine)
+        self.budget = self.engine.budget + query_engine.budget
+        pb_utils.Logger.log_info(f"rose: memory budget of the query lane's engine: {query_engine.budget.describe()}; "
+                                 f"both engines {self.budget.total / MIB:.0f} MiB (limit {limit})")
+        query_engine.precapture([c for c in warm if c[1] <= s.bulk_threshold_tokens])
+        return query_engine
+
+    def _warm_up(self, s: RoseSettings, cfg: ModelConfig) -> list[tuple[int, int]]:
+        """Run the warm-up configurations on self.engine before READY (kernels compiled, graphs captured)
+        and return them; warns when the graph pool filled up meanwhile."""
+        from rose_backend.engine.memory_budget import MIB
+        warm = precapture_plan(s.precapture, self.engine.device.type == "cuda",
+                               max_len=cfg.max_positions, **s.engine_limits(cfg))
+        t0 = time.perf_counter()
+        self.engine.precapture(warm)
+        log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
+        stats = self.engine.stats
+        if stats.capture_refused:
+            pb_utils.Logger.log_warn(
+                f"rose: the graph pool reached graph_memory_mb={s.graph_memory_mb} during warm-up "
+                f"({stats.graph_memory_bytes / MIB:.0f} MiB held, {stats.graphs} graphs): "
+                f"configurations past it run eagerly; raise graph_memory_mb or shorten precapture")
+        return warm
+
+    def _service(self, s: RoseSettings, cfg: ModelConfig, query_engine) -> EmbeddingService:
+        """The EmbeddingService that batches requests, runs the engines and answers through _respond."""
+        inline = s.inline_execute
+        if inline == "auto":
+            inline = "true" if self.engine.device.type == "cuda" else "false"
+        on_piece = functools.partial(collect_piece, skip_ids=special_token_ids(cfg.model_dir)
+                                     if self.engine.heads is not None else None)    # heads, late chunking
+        return EmbeddingService(
+            self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
+            max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
+            inline=inline == "true", clock=self.clock, on_piece=on_piece,
+            response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
+            release=_release, query_engine=query_engine,
+            backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us)
 
     @staticmethod
     def _device(choice: str, args, torch) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.memory_budget import MIB, engine_budget
-from rose_backend.engine.options import EngineOptions
+from rose_backend.triton.engine_options import engine_options
 from rose_backend.triton.model_settings import RoseSettings
 from rose_backend.launch.triton_install import LaunchError
 from support.server import running_server
@@ -22,9 +22,7 @@ from support.metrics import series
 def deployed_budget():
     """The budget of the default deployment's `rose` on the CPU, as initialize() computes it."""
     s, cfg = RoseSettings(), ModelConfig.from_folder(None)
-    limits = s.engine_limits(cfg)
-    return engine_budget(cfg, "cpu", EngineOptions(max_inflight=s.max_inflight,
-                                                   graph_memory_cap_bytes=s.graph_memory_mb * MIB, **limits))
+    return engine_budget(cfg, "cpu", engine_options(s, cfg, "cpu"))
 
 
 def budget_gauges(server) -> dict[str, float]:
