@@ -190,17 +190,15 @@ def install_aot(rows: list[dict]) -> None:
 
 
 def warm_engine(cfg, settings, device: str = "cuda") -> dict:
-    """Build the engine as `rose` builds it and run its warm-up configurations (the GPU default
-    when the settings say none): every kernel they launch compiles now."""
+    """Build the engine as `rose` builds it (its options from the same settings) and run its warm-up
+    configurations (the GPU default when the settings say none): every kernel they launch compiles now."""
     import torch
 
     from rose_backend.engine.engine import Engine
-    from rose_backend.engine.options import EngineOptions
     from rose_backend.serving.warmup import precapture_plan
-    dtype = getattr(torch, settings.torch_dtype_name) if settings.torch_dtype_name else None
+    from rose_backend.triton.engine_options import engine_options
     limits = settings.engine_limits(cfg)
-    engine = Engine(cfg, device, EngineOptions(dtype=dtype, attention=settings.attention or None,
-                                               max_inflight=settings.max_inflight, graphs=settings.graphs, **limits))
+    engine = Engine(cfg, device, engine_options(settings, cfg, device))
     value = "" if settings.precapture.strip().lower() == "none" else settings.precapture
     warm = precapture_plan(value, True, max_len=cfg.max_positions, **limits)
     engine.precapture(warm)
