@@ -7,7 +7,7 @@ import logging
 from rose_backend.serving.memory import free_device_cache
 from rose_backend.serving.outcomes import is_out_of_memory
 
-log = logging.getLogger("rose_backend.serving.service")
+log = logging.getLogger(__name__)
 
 
 def retry_in_halves(service, batch, error: BaseException) -> None:
@@ -17,8 +17,8 @@ def retry_in_halves(service, batch, error: BaseException) -> None:
     service.stats.oom_splits += 1
     log.warning("out of memory on a batch of %d sequences / %d tokens (%s); splitting it and retrying",
                 batch.num_seqs, batch.num_tokens, error)
-    while service._inflight:
-        service._collect(block=True)
+    while service.inflight:
+        service.collect(block=True)
     todo = [batch]                        # a stack: halves are pushed second-first, so order holds
     while todo:
         b = todo.pop().live()
@@ -35,11 +35,11 @@ def retry_in_halves(service, batch, error: BaseException) -> None:
                 continue
             log.error("forward pass failed for %d sequences / %d tokens: %s", b.num_seqs, b.num_tokens, e)
             if is_out_of_memory(e):
-                service._fail(b, f"out of memory embedding a single sequence of {b.num_tokens} tokens "
+                service.fail(b, f"out of memory embedding a single sequence of {b.num_tokens} tokens "
                               f"({type(e).__name__}); send it shorter")
             else:
-                service._fail(b, f"the forward pass failed: {type(e).__name__}: {e}")
+                service.fail(b, f"the forward pass failed: {type(e).__name__}: {e}")
             continue
         service.stats.batches += 1
         service.stats.batch_tokens += b.num_tokens
-        service._deliver(b, emb, getattr(handle, "extras", None))
+        service.deliver(b, emb, getattr(handle, "extras", None))

@@ -31,13 +31,13 @@ class QueryLane:
 
 def bulk_in_flight(service) -> bool:
     """Whether a batch holding bulk sequences is in flight on the main engine."""
-    return any(BULK in b.lanes() for b, _ in service._inflight)
+    return any(BULK in b.lanes() for b, _ in service.inflight)
 
 
 def next_batch(service):
     """With the service's lock held: the next batch and the engine to run it, or (None, None)."""
     sched, q = service.scheduler, service.query
-    main_has_room = len(service._inflight) < service.max_inflight
+    main_has_room = len(service.inflight) < service.max_inflight
     bulk_running = bulk_in_flight(service)
     if sched.has_work(INTERACTIVE):
         if q.free() and (bulk_running or not main_has_room):

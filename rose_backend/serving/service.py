@@ -54,9 +54,7 @@ class EmbeddingService(IdleInlineWorker):
         the same weights for interactive batches (query_lane.py). on_piece and release: completion.py;
         backlog_us: the resolved `inline_backlog_us` (None: never run whole)."""
         super().__init__("rose-scheduler")
-        self.engine = engine
-        self.on_piece = on_piece
-        self.inline = inline
+        self.engine, self.on_piece, self.inline = engine, on_piece, inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
         self._backlog_ns = None if backlog_us is None else int(backlog_us * 1000)
@@ -69,7 +67,7 @@ class EmbeddingService(IdleInlineWorker):
         self.max_inflight = max(1, max_inflight)
         self.max_queued_tokens = max_queued_tokens          # 0: unbounded
         self.stats = ServiceStats()
-        self._inflight: deque[tuple[ScheduledBatch, object]] = deque()
+        self.inflight: deque[tuple[ScheduledBatch, object]] = deque()     # on the main engine, oldest first
         self.query = None if query_engine is None else QueryLane(query_engine)
         self._host_memory = HostMemoryTrimmer(host_memory_trim)
         self.done = Completion(on_complete, on_piece, release or drop_caller_objects, clock, self.stats, response_threads)
@@ -194,9 +192,9 @@ class EmbeddingService(IdleInlineWorker):
                 if self.query is not None and not self._busy:
                     batch, engine = next_of_two(self)
                     held = batch is None and bulk_in_flight(self)
-                elif len(self._inflight) < self.max_inflight and not self._busy:
+                elif len(self.inflight) < self.max_inflight and not self._busy:
                     batch = self.scheduler.next_batch(self._bulk_room())
-                    held = batch is None and bool(self._inflight) and self.scheduler.has_work(BULK)
+                    held = batch is None and bool(self.inflight) and self.scheduler.has_work(BULK)
                 self._busy = batch is not None         # no inline step until this one is launched
                 if held:                          # an interactive request may come before the oldest is done
                     self._wait_oldest_or_interactive()
@@ -210,9 +208,9 @@ class EmbeddingService(IdleInlineWorker):
                     finally:
                         with self._cond:
                             self._busy = False
-                    self._collect(block=False)
+                    self.collect(block=False)
                 elif self._running():
-                    self._collect(block=not held)
+                    self.collect(block=not held)
             except Exception:  # never let the loop die: that would strand every request
                 log.exception("scheduler loop error")
             del batch, gone                   # hold no finished request while waiting (see release)
@@ -227,7 +225,7 @@ class EmbeddingService(IdleInlineWorker):
         try:
             try:
                 while self._running():
-                    self._collect(block=True)
+                    self.collect(block=True)
             except Exception:
                 log.exception("collecting a batch during shutdown failed")
             for r in left:
@@ -240,7 +238,7 @@ class EmbeddingService(IdleInlineWorker):
     def _bulk_room(self) -> int | None:
         """Bulk tokens the next batch may take (LanePolicy; None: no cap while draining); lock held."""
         return None if self._stopping else self.lanes.bulk_room(
-            time.monotonic(), self.scheduler.has_work(INTERACTIVE), sum(BULK in b.lanes() for b, _ in self._inflight))
+            time.monotonic(), self.scheduler.has_work(INTERACTIVE), sum(BULK in b.lanes() for b, _ in self.inflight))
 
     def _wait_oldest_or_interactive(self, poll_s: float = 0.0002) -> None:
         """Lock held: wait until the oldest batch in flight is done (polled), an interactive request is
@@ -251,7 +249,7 @@ class EmbeddingService(IdleInlineWorker):
             self._cond.wait(poll_s)
 
     def _queues(self) -> list:            # the batches in flight, per engine: the main one's, the query one's
-        return [self._inflight] if self.query is None else [self._inflight, self.query.inflight]
+        return [self.inflight] if self.query is None else [self.inflight, self.query.inflight]
 
     def _running(self) -> bool:
         return any(self._queues())
@@ -289,7 +287,7 @@ class EmbeddingService(IdleInlineWorker):
         with self._cond:
             self._count_launch(batch)
             on_query = self.query is not None and engine is self.query.engine
-            (self.query.inflight if on_query else self._inflight).append((batch, handle))   # an inline launch wakes the loop
+            (self.query.inflight if on_query else self.inflight).append((batch, handle))   # an inline launch wakes the loop
 
     def _start(self, batch: ScheduledBatch, engine=None):
         """engine.step(batch): its handle, or None (answered with an error, or split after an OOM)."""
@@ -302,7 +300,7 @@ class EmbeddingService(IdleInlineWorker):
                 return None
             log.exception("forward pass failed for a batch of %d sequences / %d tokens",
                           batch.num_seqs, batch.num_tokens)
-            self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
+            self.fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
             return None
         self._mark(batch, engine=engine)
         return handle
@@ -312,17 +310,18 @@ class EmbeddingService(IdleInlineWorker):
         for lane in batch.lanes():
             self.scheduler.stats.batches[lane] += 1
 
-    def _collect(self, block: bool) -> None:
+    def collect(self, block: bool) -> None:
+        """Deliver the finished batches in flight (block: wait for the oldest)."""
         q = self.query.inflight if self.query is not None else ()   # the query engine's batch when done
-        while q and (q[0][1].ready() or (block and not self._inflight)):   # (blocks only if nothing else runs)
+        while q and (q[0][1].ready() or (block and not self.inflight)):   # (blocks only if nothing else runs)
             self._collect_one(*q[0])
             with self._cond:
                 q.popleft()
-        while self._inflight and (block or self._inflight[0][1].ready()):
-            batch, handle = self._inflight[0]
+        while self.inflight and (block or self.inflight[0][1].ready()):
+            batch, handle = self.inflight[0]
             self._collect_one(batch, handle)
             with self._cond:            # popped only once delivered: an inline step waits for it
-                self._inflight.popleft()
+                self.inflight.popleft()
             block = False                                       # block for the oldest one only
 
     def _collect_one(self, batch: ScheduledBatch, handle) -> None:
@@ -330,17 +329,18 @@ class EmbeddingService(IdleInlineWorker):
             emb = handle.synchronize()                          # [S, D] float32
         except Exception as e:
             log.exception("collecting a batch failed")
-            self._fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
+            self.fail(batch, f"the forward pass failed: {type(e).__name__}: {e}")
         else:
             self._mark(batch, "result_on_host")
-            self._deliver(batch, emb, getattr(handle, "extras", None))
+            self.deliver(batch, emb, getattr(handle, "extras", None))
 
-    def _deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None = None) -> None:
+    def deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None = None) -> None:
         # answers go to the responders unless this is a lone request on an idle service
         hand_off = len(batch.pieces) > 1 or sum(map(len, self._queues())) > 1 or self.scheduler.has_work()
         self.done.deliver(batch, emb, extras, hand_off)
 
-    def _fail(self, batch: ScheduledBatch, message: str) -> None:
+    def fail(self, batch: ScheduledBatch, message: str) -> None:
+        """Every unfinished request of `batch` answered with `message`; their later sequences dropped."""
         failed = [r for r in {id(p.request): p.request for p in batch.pieces}.values() if not r.finished]
         with self._cond:   # the failed request's later sequences must not be computed
             for r in failed:
