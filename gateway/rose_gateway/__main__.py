@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if worker is None and s.workers > 1:
         return supervise(s.host, s.port, s.workers, argv,
                          f"rose gateway: http://{s.host}:{s.port}/v1/embeddings -> {','.join(s.triton_urls)} "
-                         f"({s.workers} workers, at most {cap} connections each)")
+                         f"({s.workers} workers, at most {cap} connections each)", s.drain_timeout)
     # the app is built here, in the process that serves it: no gRPC channel crosses a fork
     from rose_gateway.app import create_app
     from rose_gateway.protocol import ConnectionLimits, protocol_class

@@ -46,6 +46,7 @@ from rose_gateway.triton_state import TritonState
 from rose_gateway.workers import STATE_ENV, serving_count, worker_of
 
 log = logging.getLogger("rose_gateway")
+CLOSE_S = 1.0               # at shutdown, the most closing the connections to Triton may take
 TOKENIZE_INLINE_CHARS = 4096     # requests of up to this many characters are tokenized on the event loop
 
 
@@ -84,9 +85,11 @@ class Gateway:
             # uvicorn cancels the handlers still running when the drain time is over, then shuts the
             # app down at once: their 503 answers get a moment to be written before the loop ends
             await asyncio.sleep(0.1)
-            await self.state.close()
             self.reranker.close()
-            await self.client.close()
+            try:                                 # the connections to Triton: bounded, the worker's stop is
+                await asyncio.wait_for(asyncio.gather(self.state.close(), self.client.close()), CLOSE_S)
+            except asyncio.TimeoutError:
+                log.warning("the connections to Triton were not closed within %g s; exiting without them", CLOSE_S)
             stages.write()
 
     # ------------------------------------------------------------------------- request plumbing

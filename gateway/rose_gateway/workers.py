@@ -9,7 +9,8 @@ never listening: it takes no connections, and a process that binds without the o
 before), starts the workers (`python -m rose_gateway` with the same arguments, told by
 ROSE_GATEWAY_WORKER which one they are) and:
 - passes SIGTERM / SIGINT on to every worker (each drains its requests for --drain-timeout, as a
-  single gateway does) and exits once they have all exited;
+  single gateway does) and exits once they have all exited; a worker still running STOP_MARGIN
+  seconds after the drain time is killed (all side by side: the stop takes the drain time once);
 - starts a worker again when one dies while serving; a worker that dies within START_GRACE seconds
   of its start (a bad setting, a port it cannot bind) stops them all, with exit code 1.
 A worker binds its socket before its start-up, and listens only once it serves, so no connection
@@ -33,6 +34,7 @@ import time
 WORKER_ENV = "ROSE_GATEWAY_WORKER"       # i of n ("0/4"): this process is a worker
 STATE_ENV = "PROMETHEUS_MULTIPROC_DIR"   # the workers' shared folder: metrics, serving marks
 START_GRACE = 10.0                       # seconds: a worker that dies sooner stops the gateway
+STOP_MARGIN = 1.5                        # seconds past the drain time a stopping worker is given
 
 
 def default_workers() -> int:
@@ -104,8 +106,9 @@ def remove_mark(state_dir: str, pid: int) -> None:
         pass
 
 
-def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) -> int:
-    """Run `workers` worker processes of `python -m rose_gateway argv` on host:port until SIGTERM."""
+def supervise(host: str, port: int, workers: int, argv: list[str], banner: str, drain_timeout: float = 10.0) -> int:
+    """Run `workers` worker processes of `python -m rose_gateway argv` on host:port until SIGTERM;
+    drain_timeout: the workers' --drain-timeout."""
     from rose_backend.processes import GATEWAY_STATE_PREFIX, PortInUse, check_ports_free, die_with_parent, owned_folder
     try:
         check_ports_free(host, {"gateway": port})
@@ -114,7 +117,7 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) 
         print(f"rose_gateway: {e}", file=sys.stderr, flush=True)
         return 1
     state, lock = owned_folder(GATEWAY_STATE_PREFIX)
-    stopping: list[int] = []
+    stopping: list[float] = []                   # when the first SIGTERM / SIGINT came
 
     def start(i: int) -> tuple[subprocess.Popen, float]:
         env = {**os.environ, WORKER_ENV: f"{i}/{workers}", STATE_ENV: state}
@@ -122,7 +125,8 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) 
                                 preexec_fn=die_with_parent), time.monotonic()
 
     def stop(sig, _frame):
-        stopping.append(sig)
+        if not stopping:
+            stopping.append(time.monotonic())
         for p, _ in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -136,8 +140,13 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) 
             stop(stopping[0], None)
         print(banner, flush=True)
         while any(p.poll() is None for p, _ in procs):
-            time.sleep(0.2)
+            time.sleep(0.1)
             if stopping:
+                if time.monotonic() - stopping[0] > drain_timeout + STOP_MARGIN:
+                    left = sum(p.poll() is None for p, _ in procs)
+                    print(f"rose_gateway: {left} worker(s) still running {drain_timeout + STOP_MARGIN:g} s after "
+                          f"SIGTERM; killing them", file=sys.stderr, flush=True)
+                    break
                 continue
             for i, (p, t0) in enumerate(procs):
                 if p.poll() is None:
@@ -154,10 +163,11 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str) 
                 procs[i] = start(i)
         return code
     finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        left = [p for p, _ in procs if p.poll() is None]
+        for p in left:                           # all at once, then reaped
+            p.kill()
+        for p in left:
+            p.wait()
         for s, h in old.items():
             signal.signal(s, h)
         guard.close()

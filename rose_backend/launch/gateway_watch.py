@@ -7,6 +7,8 @@
 - check(): called by the launcher's loop. A dead gateway is started again with a message, at most
   `restarts` times within `window_s` seconds; beyond that, or when another process starts listening
   on the port, GatewayFailed (the launcher stops everything and exits non-zero).
+- abort(): checked while it waits for a gateway to serve (at its start, at a restart); once true,
+  StopRequested, and the gateway is left for stop(), which the launcher runs beside its servers' stops.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable
 
 from rose_backend.launch.child import http_status
 from rose_backend.launch.connections import family, listening_pids
+from rose_backend.launch.supervision import StopRequested
 
 RESTARTS = 3
 WINDOW_S = 60.0
@@ -33,10 +36,11 @@ def _answers(url: str) -> bool:
 
 class GatewayWatch:
     def __init__(self, make: Callable[[], object], restarts: int = RESTARTS, window_s: float = WINDOW_S,
-                 start_timeout: float = 60.0):
+                 start_timeout: float = 60.0, abort: Callable[[], bool] | None = None):
         """make(): a started rose_backend.launch.gateway.GatewayProcess (or anything with .proc, .port, .host,
         .url, .log_file and .stop())."""
         self.make, self.restarts, self.window_s, self.start_timeout = make, restarts, window_s, start_timeout
+        self.abort = abort
         self.gateway = None
         self.restarted: deque[float] = deque()
         self._port_checked = 0.0
@@ -52,10 +56,15 @@ class GatewayWatch:
         _, foreign = listening_pids(self.gateway.port, family(self.gateway.proc.pid))
         return foreign and self.gateway.proc.poll() is None
 
+    def _check_abort(self) -> None:
+        if self.abort is not None and self.abort():
+            raise StopRequested("stopped while the gateway was starting")
+
     def wait_serving(self) -> None:
         g = self.gateway
         end = time.monotonic() + self.start_timeout
         while time.monotonic() < end:
+            self._check_abort()
             code = g.proc.poll()
             if code is not None:
                 raise GatewayFailed(f"the gateway exited with code {code} before it served on {self._where()}"
@@ -73,6 +82,8 @@ class GatewayWatch:
         self.gateway = self.make()
         try:
             self.wait_serving()
+        except StopRequested:
+            raise                                  # stopped by stop(), side by side with the servers
         except BaseException:
             self.gateway.stop()
             raise
@@ -110,11 +121,13 @@ class GatewayWatch:
         """Until no socket listens on the dead gateway's port (its workers die with it)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
+            self._check_abort()
             if not listening_pids(dead.port, [])[1]:
                 return
             time.sleep(0.1)
         raise GatewayFailed(f"{self._where()} is still served by another process after the gateway died; stopping")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the gateway (timeout: as GatewayProcess.stop's)."""
         if self.gateway is not None:
-            self.gateway.stop()
+            self.gateway.stop(timeout)

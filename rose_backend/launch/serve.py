@@ -10,7 +10,8 @@ Python beside libtriton_python.so), makes this project importable inside the stu
 (PYTHONPATH, and the interpreter's own libpython first on LD_LIBRARY_PATH), waits until every
 model is READY (tritonserver.py), starts the HTTP gateway by its command line and watches it
 (gateway.py, gateway_watch.py), prints how to call it, ends and starts again a server whose Python
-stub died (stub_watch.py), and stops everything cleanly on Ctrl-C / SIGTERM. With --replicas N it
+stub died (stub_watch.py), and stops everything cleanly on Ctrl-C / SIGTERM, within drain_timeout_s +
+STOP_BOUND_S of the signal, even one that comes while it is still starting (stop_all). With --replicas N it
 starts N servers, replica i on ports shifted by 10*i (8001, 8011, ...); with --gpus 0,1 replica i
 sees only GPU i (one server per GPU). --reranker DIR serves a reranker folder's `rerank` beside the
 embedding model's `embed` (deployment.py).
@@ -33,29 +34,38 @@ from rose_backend.launch.gateway import GatewayProcess
 from rose_backend.launch.gateway_watch import GatewayFailed, GatewayWatch
 from rose_backend.launch.keys import exposure_warning, launch_keys
 from rose_backend.launch.stub_watch import StubWatch, StubWatchFailed
-from rose_backend.launch.supervision import drain_timeout_of
+from rose_backend.launch.supervision import KILL_BY_S, StopRequested, drain_timeout_of
 from rose_backend.launch.triton_install import LaunchError
 from rose_backend.launch.tritonserver import TritonProcess
 from rose_backend.processes import PortInUse, check_ports_free, set_parent_death_signal
 
 
-def stop_all(servers: list, gateway: GatewayWatch | None = None) -> None:
-    """Stop every server and the gateway, all at once (each drains side by side with the others)."""
-    stoppers = [threading.Thread(target=s.stop) for s in [*servers, *([gateway] if gateway else [])]]
-    for t in stoppers:
+REAP_S = 0.8           # after the kill: the most the launcher waits for its children to be reaped
+
+
+def stop_all(servers: list, gateway: GatewayWatch | None = None, kill_at: float | None = None) -> list[str]:
+    """Stop every server and the gateway, all at once (each drains side by side with the others).
+    kill_at (time.monotonic()): whatever has not exited by then is killed, whatever its own timeout,
+    and the call returns by kill_at + REAP_S. Returns the names of the children still exiting then."""
+    children = [*((s, f"tritonserver on port {s.ports.grpc}") for s in servers),
+                *([(gateway, "the gateway")] if gateway else [])]
+    left = None if kill_at is None else max(0.0, kill_at - time.monotonic())
+    stoppers = [(threading.Thread(target=child.stop, args=(left,), daemon=True), name) for child, name in children]
+    for t, _ in stoppers:
         t.start()
-    for t in stoppers:
-        t.join()
+    for t, _ in stoppers:
+        t.join(None if kill_at is None else max(0.0, kill_at + REAP_S - time.monotonic()))
+    return [name for t, name in stoppers if t.is_alive()]
 
 
 def gateway_watch(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
-                  drain_timeout: float | None = None) -> GatewayWatch | None:
+                  drain_timeout: float | None = None, abort=None) -> GatewayWatch | None:
     """A watch over the OpenAI-compatible HTTP gateway (rose_gateway, started by its command line) in
-    front of the servers, not started yet; None when port is 0."""
+    front of the servers, not started yet; None when port is 0. abort: as GatewayWatch's."""
     if not port:
         return None
     return GatewayWatch(lambda: GatewayProcess(urls, port, address, model, api_key=api_key,
-                                               drain_timeout=drain_timeout).start())
+                                               drain_timeout=drain_timeout).start(), abort=abort)
 
 
 def start_gateway(port: int, address: str, model: str | None, urls: str, api_key: str | None = None,
@@ -100,11 +110,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rose: {e}", file=sys.stderr)
             return 1
 
-    stopping = False
+    signalled: list[tuple[float, int]] = []     # (when, which): the first SIGTERM / SIGINT
 
     def on_signal(signum, _frame):
-        nonlocal stopping
-        stopping = True
+        if not signalled:
+            signalled.append((time.monotonic(), signum))
+
+    def stopping() -> bool:
+        return bool(signalled)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -115,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     t0 = time.monotonic()
     watch = None
+    drain = drain_timeout_of(args.repository)
     stubs = StubWatch(servers, window_s=args.stub_death_window)
     try:
         for s in servers:
@@ -127,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as e:
                 raise LaunchError(f"cannot bind {args.address} ({e.strerror or e})") from None
         for s in servers:
+            if stopping():
+                raise StopRequested("stopped before tritonserver started")
             s.start()
         for s in servers:
-            s.wait_ready()
+            s.wait_ready(abort=stopping)
         stubs.arm()
         urls = ",".join(s.grpc_url for s in servers)
-        watch = gateway_watch(args.gateway_port, args.address, args.model, urls, keys.api_key,
-                              drain_timeout_of(args.repository))
+        watch = gateway_watch(args.gateway_port, args.address, args.model, urls, keys.api_key, drain, stopping)
         if watch:
             watch.start()
         from rose_backend.config import resolve_model_dir
@@ -141,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"http://{servers[0].address}:{servers[0].ports.metrics}/metrics",
                      watch.gateway.url if watch else None, bool(keys.api_key), args.api_key_file,
                      args.reranker and str(resolve_model_dir(args.reranker))), flush=True)
-        while not stopping:
+        while not stopping():
             stubs.check()
             if watch:
                 watch.check()
             time.sleep(0.2)
+        return 0
+    except StopRequested as e:
+        print(f"rose: {signal.Signals(signalled[0][1]).name}: {e}; stopping", file=sys.stderr, flush=True)
         return 0
     except StubWatchFailed as e:
         print(f"rose: {e}", file=sys.stderr, flush=True)
@@ -158,5 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         stubs.close()
-        stop_all(servers, watch)
+        begun = signalled[0][0] if signalled else time.monotonic()
+        exiting = stop_all(servers, watch, kill_at=begun + drain + KILL_BY_S)
+        if exiting:
+            print(f"rose: {', '.join(exiting)} killed {drain + KILL_BY_S:g} s after the stop began, not gone yet; "
+                  f"exiting without waiting for it", file=sys.stderr, flush=True)
 

@@ -4,6 +4,8 @@
   after the models loaded): rose_backend.processes, which the HTTP gateway shares.
 - exit_timeout_for(): tritonserver's --exit-timeout-secs from the repository's drain time, so a
   server stops within drain_timeout_s + 5 s of SIGTERM whatever it was sent.
+- StopRequested / KILL_BY_S: a launch stops within drain_timeout_s + STOP_BOUND_S of SIGTERM, even
+  one that comes while it is still starting (serve.py).
 - processes_with() / segments_with(): what carries a server's shared-memory prefix (tests, soak).
 - cache_env(): one persistent compile-cache folder for every JIT the server uses, so a restart on
   the same machine does not compile again.
@@ -18,6 +20,12 @@ from pathlib import Path
 EXIT_MARGIN_S = 2          # tritonserver's exit timeout = drain_timeout_s + this
 KILL_MARGIN_S = 2          # the launcher kills a server this long after its exit timeout (a server
                            # whose `rose` stub was killed -9 does not exit at its exit timeout)
+STOP_BOUND_S = 5           # a launch exits within drain_timeout_s + this of SIGTERM
+KILL_BY_S = 4              # by drain_timeout_s + this after SIGTERM every child left is killed
+
+
+class StopRequested(Exception):
+    """SIGTERM / Ctrl-C came while the launcher was waiting for a child to start: it stops instead."""
 
 
 def drain_timeout_of(repository: str | Path, model: str = "rose") -> int:

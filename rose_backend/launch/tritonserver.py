@@ -22,7 +22,7 @@ from rose_backend.launch.deployment import (DEFAULT_REPOSITORY, MODELS, RERANKER
                                             reranker_repository, served_models)
 from rose_backend.launch.scratch import remove_python_envs_of_dead_servers
 from rose_backend.launch.keys import KEY_VARIABLES, key_from, restricted_args
-from rose_backend.launch.supervision import KILL_MARGIN_S, aborted_at_start, cache_env, exit_timeout_for
+from rose_backend.launch.supervision import KILL_MARGIN_S, StopRequested, aborted_at_start, cache_env, exit_timeout_for
 from rose_backend.launch.triton_install import LaunchError, TritonInstall, find_triton, server_env, stub_site
 from rose_backend.launch.triton_stop import stop_tritonserver
 from rose_backend.processes import PortInUse, check_ports_free
@@ -138,10 +138,13 @@ class TritonProcess(ChildProcess):
     def _http(self, path: str) -> int:
         return http_status(f"http://{reachable(self.address)}:{self.ports.http}{path}")
 
-    def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] | None = None) -> None:
-        """Until the server and every model are READY (health: open without keys)."""
+    def wait_ready(self, timeout: float = 300.0, models: tuple[str, ...] | None = None, abort=None) -> None:
+        """Until the server and every model are READY (health: open without keys). abort(): checked
+        between polls; once true, StopRequested (the launcher got SIGTERM while the server loaded)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
+            if abort is not None and abort():
+                raise StopRequested("stopped while tritonserver was starting")
             if self.poll_ready(models):
                 return
             time.sleep(0.25)

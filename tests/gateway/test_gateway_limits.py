@@ -5,6 +5,7 @@ cancelled), integer ranges, the bound on work per request, and no internal addre
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import time
@@ -346,3 +347,28 @@ def test_sigterm_drains_for_drain_timeout_then_answers_503(server):
     assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
     assert 1.5 <= exited <= 6, exited
     wait_idle(server)
+
+
+def test_a_worker_that_does_not_stop_is_killed_after_the_drain_time(server):
+    """The supervising process bounds its workers' stop: one worker frozen (SIGSTOP, so it never
+    handles its SIGTERM) is killed STOP_MARGIN s after the drain time, by the gateway itself, not
+    left for whoever started it."""
+    import signal
+    from rose_backend.launch.connections import children
+    from rose_gateway.workers import STOP_MARGIN
+    drain = 1.0
+    with gateway_for(server.grpc_url, "limits-frozen-worker", extra_args=["--workers", "2", "--drain-timeout",
+                                                                           str(drain)]) as g:
+        end = time.monotonic() + 60
+        while httpx.get(g.url + "/health", timeout=10).json().get("workers", {}).get("serving") != 2:
+            assert time.monotonic() < end, "the two workers did not serve"
+            time.sleep(0.1)
+        frozen = children(g.proc.pid)[0]
+        os.kill(frozen, signal.SIGSTOP)
+        t0 = time.monotonic()
+        g.proc.send_signal(signal.SIGTERM)
+        g.proc.wait(30)
+        exited = time.monotonic() - t0
+    assert drain + STOP_MARGIN <= exited <= drain + STOP_MARGIN + 1.5, exited
+    assert not os.path.exists(f"/proc/{frozen}"), "the frozen worker outlived its gateway"
+    assert "1 worker(s) still running" in (LOG_DIR / "gateway-limits-frozen-worker.log").read_text()

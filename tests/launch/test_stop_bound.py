@@ -2,7 +2,9 @@
 idle gRPC streams (Triton 2.51 keeps a model loaded while a stream whose first request went to it
 is open) no longer hold tritonserver for its exit timeout; requests in flight are answered, a request
 on a new connection during the drain is refused with UNAVAILABLE; and the gateway drains side by
-side with Triton, so a slow HTTP upload beside 200 idle streams costs drain_timeout_s + 5 s at most."""
+side with Triton, so a slow HTTP upload beside 200 idle streams costs drain_timeout_s + 5 s at most;
+a SIGTERM that comes while the launch is still starting (its gateway's workers not yet serving) stops it
+within the same bound."""
 from __future__ import annotations
 
 import queue
@@ -155,3 +157,50 @@ def test_a_slow_upload_and_200_idle_streams_stop_within_the_drain_bound(tmp_path
             upload.close()
             for s in streams:
                 s.close()
+
+
+def wait_server_ready(client: grpcclient.InferenceServerClient, timeout: float) -> None:
+    """Until tritonserver says it is ready (every model loaded), polling from before its gRPC port listens."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if client.is_server_ready(client_timeout=2):
+                return
+        except InferenceServerException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("tritonserver was not ready in time")
+
+
+@pytest.mark.server
+def test_sigterm_while_the_gateway_starts_stops_within_the_drain_bound(tmp_path):
+    """SIGTERM once tritonserver is ready, with a client that connected before its gRPC port listened,
+    an open stream on which a request for a missing model name was refused, and the gateway's 16
+    workers still starting. The launcher used to finish its start first (wait for the gateway to
+    serve, print its banner) and only then stop: 5.5-10 s here with drain_timeout_s 2, past the 7 s
+    bound in 2 runs of 4. It now stops at once: 2.3-3.1 s here."""
+    drain = 2
+    repo = repository_with({"rose": {"drain_timeout_s": str(drain)}}, tmp_path)
+    with LauncherRun("--repository", str(repo), env={"GATEWAY_WORKERS": "16"}) as run:
+        early = grpcclient.InferenceServerClient(run.grpc_url, channel_args=OWN_CONNECTION)
+        stream = None
+        try:
+            wait_server_ready(early, 300)
+            stream = Stream(run.grpc_url)
+            stream.send("embedx", text())
+            _, error = stream.answers.get(timeout=60)
+            assert error is not None and "unknown model" in error.message(), error
+            t0 = time.monotonic()
+            run.proc.send_signal(signal.SIGTERM)
+            code = run.proc.wait(drain + 30)
+            seconds = time.monotonic() - t0
+        finally:
+            early.close()
+            if stream is not None:
+                stream.close()
+        assert code == 0, run.output[-3000:]
+        assert seconds <= drain + 5, (seconds, run.output[-3000:])
+        assert "rose: SIGTERM: stopped while" in run.output and "HTTP (OpenAI-compatible)" not in run.output, \
+            run.output[-3000:]
+        procs, segs = leftovers.wait_gone([run.prefix], 10.0)
+        assert not procs and not segs, (procs, segs)
