@@ -8,7 +8,7 @@ Per variant (a server of its own each, started through the project's launcher), 
   second (open loop: each at its time, whether or not the one before is answered; no lane named);
 - bulk alone: `--bulk-clients` client processes, each sending `--bulk-seqs` x `--bulk-len` requests
   one after the other without pause (the lane `--bulk-lane`: bulk, or none, which is bulk by size);
-- both at once.
+- both at once (the queries from `--query-after-s` into the phase: 0, or after the bulk requests began).
 `--path text` sends texts to `embed` instead (the text path: `tokenize_batched`, then `rose`): a query
 is one text of `--query-len` words, a bulk request `--bulk-seqs` texts of `--bulk-chars` characters.
 Each client is a process of its own with its own gRPC stream. Query latency is from its send to
@@ -78,7 +78,8 @@ def bulk_inputs(path: str, rng: np.random.Generator, vocab: int, seqs: int, leng
                     ("SEQ_LENS", np.full(seqs, length, np.int32))]
 
 
-def _query_client(url: str, path: str, length: int, vocab: int, rate: float, start: float, stop: float, out) -> None:
+def _query_client(url: str, path: str, length: int, vocab: int, rate: float, start: float, stop: float, out,
+                  phase_start: float) -> None:
     """Open loop: request i is sent at start + i / rate; latency from its send to its answer."""
     from rose_client.transport import StreamConnection
     rng = np.random.default_rng(1)
@@ -90,7 +91,7 @@ def _query_client(url: str, path: str, length: int, vocab: int, rate: float, sta
         i = 0
         while (t := start + i / rate) < stop:
             time.sleep(max(0.0, t - time.time()))
-            sent, at = time.perf_counter(), time.time() - start
+            sent, at = time.perf_counter(), time.time() - phase_start
             model, inputs = reqs[i % len(reqs)]
             f = conn.infer(model, inputs, outputs=["EMBEDDINGS"])
             f.add_done_callback(lambda f, sent=sent, at=at: lat.append((at, time.perf_counter() - sent)))
@@ -137,8 +138,9 @@ def run_phase(url: str, phase: str, args, vocab: int, seconds: float) -> dict:
     stop = start + seconds
     procs = []
     if phase != "bulk alone":
+        q_start = start + (args.query_after_s if phase == "both" else 0.0)
         procs.append(ctx.Process(target=_query_client, args=(url, args.path, args.query_len, vocab, args.query_rate,
-                                                              start, stop, out)))
+                                                              q_start, stop, out, start)))
     if phase != "queries alone":
         procs += [ctx.Process(target=_bulk_client, args=(url, args.path, args.bulk_seqs, args.bulk_len, args.bulk_chars,
                                                           vocab, args.bulk_lane, 7919 * (i + 1), start, stop, out))
@@ -149,6 +151,7 @@ def run_phase(url: str, phase: str, args, vocab: int, seconds: float) -> dict:
     for p in procs:
         p.join(30)
     res: dict = {"seconds": seconds}
+    q_after = args.query_after_s if phase == "both" else 0.0
     queries = [g for g in got if g["kind"] == "query"]
     if queries:
         lat = queries[0]["latencies"]
@@ -156,7 +159,8 @@ def run_phase(url: str, phase: str, args, vocab: int, seconds: float) -> dict:
         res["query"] = {"n": int(ms.size), "sent": queries[0]["sent"], "errors": queries[0]["errors"],
                         **({f"p{q}_ms": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)} if ms.size else {}),
                         "max_ms": round(float(ms.max()), 3) if ms.size else None,
-                        "answered_per_s": round(ms.size / seconds, 2),
+                        # answers that came within the phase, per second of sending (what a closed-loop client would see)
+                        "answered_per_s": round(sum(at + x <= seconds for at, x in lat) / (seconds - q_after), 2),
                         # [seconds into the phase it was sent, its latency in ms], in sending order
                         "timeline": [[round(at, 3), round(s * 1e3, 1)] for at, s in lat]}
     bulks = [g for g in got if g["kind"] == "bulk"]
@@ -268,6 +272,8 @@ def main(argv=None) -> int:
                     help="the lane the bulk clients name (none: bulk by size, above bulk_threshold_tokens)")
     ap.add_argument("--query-len", type=int, default=128, help="tokens of a query (--path text: words)")
     ap.add_argument("--query-rate", type=float, default=50.0)
+    ap.add_argument("--query-after-s", type=float, default=0.0,
+                    help="in the phase with both, the first query this long after the bulk clients start")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup-s", type=float, default=6.0)
     ap.add_argument("--modelled-device", action="store_true", help="no server: a modelled device (lanes_model.py)")
