@@ -3,7 +3,7 @@
     source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench lanes --out $OUT --model bge-m3
 
 Per variant (a server of its own each, started through the project's launcher), three phases of
-`--seconds` each, after a warm-up (`--warmup-s`) that runs both loads:
+`--seconds` each (`--phases`: some of them), after a warm-up (`--warmup-s`) that runs both loads:
 - queries alone: one client sends 1 x `--query-len` token ids to `rose` at `--query-rate` per
   second (open loop: each at its time, whether or not the one before is answered; no lane named);
 - bulk alone: `--bulk-clients` client processes, each sending `--bulk-seqs` x `--bulk-len` requests
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_bench.record import cuda_available, log, run_record
+from rose_bench.record import comma_list, cuda_available, log, run_record
 
 PHASES = ("queries alone", "bulk alone", "both")
 
@@ -206,7 +206,7 @@ def one_variant(folder: Path | None, variant: str, vocab: int, work: Path, args)
         res["ready_s"] = round(time.monotonic() - t0, 1)
         if args.warmup_s:
             res["warmup"] = run_phase(srv.grpc_url, "both", args, vocab, args.warmup_s)
-        for phase in PHASES:
+        for phase in args.phases:
             time.sleep(1.5)                                  # rose's metrics: each refreshed once a second
             before = lane_metrics(srv.ports.metrics)
             res["phases"][phase] = run_phase(srv.grpc_url, phase, args, vocab, args.seconds)
@@ -262,14 +262,14 @@ def main(argv=None) -> int:
     ap.add_argument("--bulk-seqs", type=int, default=100)
     ap.add_argument("--bulk-len", type=int, default=512)
     ap.add_argument("--path", choices=("ids", "text"), default="ids",
-                    help="ids: token ids to `rose`; text: texts to `embed` (tokenize_batched, then rose)")
+                    help="ids: token ids to `rose`; text: texts to `embed` (tokenize_batched, then rose); a server's only")
     ap.add_argument("--bulk-chars", type=int, default=8000, help="--path text: characters of each bulk text")
     ap.add_argument("--bulk-lane", choices=("bulk", "none"), default="none",
                     help="the lane the bulk clients name (none: bulk by size, above bulk_threshold_tokens)")
     ap.add_argument("--query-len", type=int, default=128, help="tokens of a query (--path text: words)")
     ap.add_argument("--query-rate", type=float, default=50.0)
     ap.add_argument("--query-after-s", type=float, default=0.0,
-                    help="in the phase with both, the first query this long after the bulk clients start")
+                    help="in the phase with both, the first query this long after the bulk clients start (a server's only)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup-s", type=float, default=6.0)
     ap.add_argument("--modelled-device", action="store_true", help="no server: a modelled device (lanes_model.py)")
@@ -277,7 +277,11 @@ def main(argv=None) -> int:
     ap.add_argument("--plan-ms", type=float, default=0.0, help="modelled host time of a batch of > 8 sequences")
     ap.add_argument("--work", default="/tmp/rose-lanes-work")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--phases", type=comma_list, default=list(PHASES),
+                    help=f"which phases to run, of {', '.join(PHASES)} (comma-separated)")
     args = ap.parse_args(argv)
+    if not args.phases or set(args.phases) - set(PHASES):
+        ap.error(f"--phases: one or more of {', '.join(PHASES)}")
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
