@@ -198,7 +198,9 @@ def one_variant(folder: Path | None, variant: str, vocab: int, work: Path, args)
         if params or counts else DEFAULT_REPOSITORY
     srv = TritonProcess(str(folder) if folder else None, repo, free_ports(), log_file=work / f"triton-{name}.log",
                         env=dict(os.environ, **env_extra))
-    res: dict = {"variant": variant, "phases": {}}
+    # the server's thread settings as it got them (unset: torch's default, one thread per core)
+    res: dict = {"variant": variant, "phases": {},
+                 "server_threads_env": {k: srv.env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in srv.env}}
     t0 = time.monotonic()
     srv.start()
     try:
