@@ -150,7 +150,9 @@ def run_phase(url: str, phase: str, args, vocab: int, seconds: float) -> dict:
     got = [out.get(timeout=seconds + 3600) for _ in procs]
     for p in procs:
         p.join(30)
-    res: dict = {"seconds": seconds}
+    # the machine's 1-minute load average at the phase's end (the server and clients count in it: about
+    # 2 here; more is other work sharing the cores)
+    res: dict = {"seconds": seconds, "loadavg_1m": round(os.getloadavg()[0], 2)}
     queries = [g for g in got if g["kind"] == "query"]
     if queries:
         lat = queries[0]["latencies"]
