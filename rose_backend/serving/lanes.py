@@ -16,9 +16,9 @@ With no interactive traffic for `interactive_recent_ms`, bulk batches fill the w
 with one lane.
 
 On the CPU (an engine whose step() runs the batch before it returns: one batch at a time, nothing
-in flight while the next is formed), a query arriving during a bulk batch waits for all of it, and
-a bulk batch of 16,384 tokens of all-MiniLM-L6-v2 took 6.5 s there. So where `bulk_batch_ms` is on
-(auto: 100 ms on the CPU, off on a GPU, where batches overlap the host and it is refused):
+in flight while the next is formed), a query arriving during a bulk batch waits for all of it,
+however many tokens it holds. So where `bulk_batch_ms` is on (auto: 100 ms on the CPU, off on a
+GPU, where batches overlap the host and it is refused):
     - a batch holds at most the bulk tokens that BatchCost, the engine's measured seconds per token,
       says fit in `bulk_batch_ms` (at least one sequence), whether or not queries are recent, the
       share of `bulk_min_share` included; and at most `bulk_batch_tokens` while queries are recent;
