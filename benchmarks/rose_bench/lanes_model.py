@@ -130,7 +130,7 @@ def one_variant(variant: str, args) -> dict:
     try:
         if args.warmup_s:
             run_phase(svc, answered, "both", args, args.warmup_s)
-        for phase in ("queries alone", "bulk alone", "both"):
+        for phase in args.phases:
             time.sleep(settings.interactive_recent_ms / 1e3 + 0.2)     # each phase starts with no recent query
             n0, busy0 = len(device.batches), device.busy_s
             res["phases"][phase] = run_phase(svc, answered, phase, args, args.seconds)
@@ -140,6 +140,7 @@ def one_variant(variant: str, args) -> dict:
                                                                                    / res["phases"][phase]["seconds"], 4)}
     finally:
         svc.stop(30)
-    alone = res["phases"]["bulk alone"]["bulk"]["emb_per_s"]
-    res["bulk_rate_beside_queries"] = round(res["phases"]["both"]["bulk"]["emb_per_s"] / alone, 4) if alone else None
+    alone = res["phases"].get("bulk alone", {}).get("bulk", {}).get("emb_per_s")
+    both = res["phases"].get("both", {}).get("bulk", {}).get("emb_per_s")
+    res["bulk_rate_beside_queries"] = round(both / alone, 4) if alone and both else None
     return res

@@ -193,10 +193,12 @@ class Scheduler:
             pool.remove(req)
             self._count(req.lane, -int(req.offsets[-1] - req.offsets[req.next_seq]), req.next_seq - req.num_seqs)
 
-    def next_batch(self, bulk_tokens: int | None = None, lane: str | None = None) -> ScheduledBatch | None:
+    def next_batch(self, bulk_tokens: int | None = None, lane: str | None = None,
+                   bulk_cap: int | None = None) -> ScheduledBatch | None:
         """The next batch: interactive sequences first, then bulk ones, at most `bulk_tokens` of
         them (None: up to the budget; 0: none) unless interactive work waits beyond this batch, when
         bulk keeps its share (bulk_min_share of the tokens and sequences, at least one sequence).
+        bulk_cap: at most this many bulk tokens whatever the share (its one sequence excepted).
         lane: one lane's sequences only, up to the whole budget (the query lane's two engines)."""
         if lane is not None:
             pieces: list[Piece] = []
@@ -205,9 +207,12 @@ class Scheduler:
         inter, bulk = self.pools[INTERACTIVE], self.pools[BULK]
         tokens_for_inter, seqs_for_inter = self.max_batch_tokens, self.max_batch_seqs
         bulk_room = self.max_batch_tokens if bulk_tokens is None else bulk_tokens
+        if bulk_cap is not None:
+            bulk_room = min(bulk_room, bulk_cap)
         if inter and bulk:
             head = bulk[0]
-            share_tokens = min(max(int(self.bulk_min_share * self.max_batch_tokens),
+            share = int(self.bulk_min_share * self.max_batch_tokens)
+            share_tokens = min(max(share if bulk_cap is None else min(share, bulk_cap),
                                    int(head.seq_lens[head.next_seq])), self.max_batch_tokens)
             share_seqs = max(1, math.ceil(self.bulk_min_share * self.max_batch_seqs)) if self.bulk_min_share else 0
             if share_tokens and share_seqs and (self.lane_tokens[INTERACTIVE] > self.max_batch_tokens - share_tokens or

@@ -8,7 +8,7 @@
                   (request.error); completion.py answers, beside the loop thread (responders.py)
 
 Up to `max_inflight` batches are in flight; a batch formed is launched before finished ones are
-collected. Lanes (lanes.py): interactive sequences first; recent interactive traffic caps bulk.
+collected. Lanes (lanes.py): interactive sequences first; bulk capped (on the CPU, in time).
 
 Inline (`inline=True`, inline_worker.py): a request arriving at an idle service that fits in one
 batch is launched by the submitting thread. A lone one (no backlog: the previous submit() returned
@@ -62,10 +62,8 @@ class EmbeddingService(IdleInlineWorker):
         self._returned_ns, self._batch_until_ns, self._whole = None, 0, False
         self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs, bulk_threshold_tokens=lane_settings.bulk_threshold_tokens,
                                    bulk_min_share=lane_settings.bulk_min_share)
-        self.lanes = LanePolicy(lane_settings.bulk_batch_tokens, lane_settings.bulk_max_inflight,
-                                lane_settings.interactive_recent_ms / 1e3)
-        self.max_inflight = max(1, max_inflight)
-        self.max_queued_tokens = max_queued_tokens          # 0: unbounded
+        self.lanes = LanePolicy.of(lane_settings, engine)
+        self.max_inflight, self.max_queued_tokens = max(1, max_inflight), max_queued_tokens   # 0: unbounded
         self.stats = ServiceStats()
         self.inflight: deque[tuple[ScheduledBatch, object]] = deque()     # on the main engine, oldest first
         self.query = None if query_engine is None else QueryLane(query_engine)
@@ -130,7 +128,7 @@ class EmbeddingService(IdleInlineWorker):
         self.stats.requests += 1
         self.lanes.seen(lane, time.monotonic())
         inline = (self._idle() and request.num_tokens <= self.scheduler.max_batch_tokens
-                  and request.num_seqs <= self.scheduler.max_batch_seqs)
+                  and request.num_seqs <= self.scheduler.max_batch_seqs and self.lanes.runs_alone(lane, request.num_tokens))
         if inline:
             self._busy = True
             self._whole = self._runs_whole(lane)
@@ -193,7 +191,7 @@ class EmbeddingService(IdleInlineWorker):
                     batch, engine = next_of_two(self)
                     held = batch is None and bulk_in_flight(self)
                 elif len(self.inflight) < self.max_inflight and not self._busy:
-                    batch = self.scheduler.next_batch(self._bulk_room())
+                    batch = self.scheduler.next_batch(**self._bulk_limits())
                     held = batch is None and bool(self.inflight) and self.scheduler.has_work(BULK)
                 self._busy = batch is not None         # no inline step until this one is launched
                 if held:                          # an interactive request may come before the oldest is done
@@ -235,10 +233,10 @@ class EmbeddingService(IdleInlineWorker):
         finally:
             self._cond.acquire()
 
-    def _bulk_room(self) -> int | None:
-        """Bulk tokens the next batch may take (LanePolicy; None: no cap while draining); lock held."""
-        return None if self._stopping else self.lanes.bulk_room(
-            time.monotonic(), self.scheduler.has_work(INTERACTIVE), sum(BULK in b.lanes() for b, _ in self.inflight))
+    def _bulk_limits(self) -> dict:
+        """next_batch's bulk_tokens and bulk_cap (LanePolicy; none while draining); lock held."""
+        return {} if self._stopping else {"bulk_cap": self.lanes.bulk_cap(), "bulk_tokens": self.lanes.bulk_room(
+            time.monotonic(), self.scheduler.has_work(INTERACTIVE), sum(BULK in b.lanes() for b, _ in self.inflight))}
 
     def _wait_oldest_or_interactive(self, poll_s: float = 0.0002) -> None:
         """Lock held: wait until the oldest batch in flight is done (polled), an interactive request is
@@ -292,8 +290,10 @@ class EmbeddingService(IdleInlineWorker):
     def _start(self, batch: ScheduledBatch, engine=None):
         """engine.step(batch): its handle, or None (answered with an error, or split after an OOM)."""
         self._mark(batch, "scheduled")
+        t0 = time.perf_counter()
         try:
             handle = (engine or self.engine).step(batch.pack())
+            self.lanes.ran(batch.num_tokens, t0)
         except Exception as e:
             if is_out_of_memory(e):
                 retry_in_halves(self, batch, e)

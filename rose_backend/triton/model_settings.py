@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rose_backend.serving.lanes import parse_bulk_batch_ms
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.warmup import parse_precapture
 
@@ -116,6 +117,7 @@ class RoseSettings(_Settings):
     bulk_max_inflight: int = 2
     interactive_recent_ms: int = 1000
     interactive_stream: str = "off"
+    bulk_batch_ms: str = "auto"
 
     def __post_init__(self):
         self._check()
@@ -134,6 +136,7 @@ class RoseSettings(_Settings):
                              f"got {self.interactive_stream!r}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"model 'rose': parameter 'cuda_graphs' must be auto, on or off, got {self.cuda_graphs!r}")
+        parse_bulk_batch_ms(self.bulk_batch_ms)
         if self.dtype and self.dtype not in DTYPES:
             raise ValueError(f"model 'rose': parameter 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         self.precapture_configs       # parses, or says what is wrong

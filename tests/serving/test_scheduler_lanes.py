@@ -107,6 +107,24 @@ def test_bulk_cap_limits_a_batch_but_not_a_lone_long_sequence():
     assert order([b]) == [("q", 0, 1)]                                 # it does not ride past the cap
 
 
+def test_a_hard_bulk_cap_bounds_full_batches_and_the_share_but_not_one_sequence():
+    s = Scheduler(1000, 64, bulk_min_share=0.25)
+    s.add(req(*([50] * 40), tag="bulk", lane="bulk"))
+    assert s.next_batch(bulk_cap=120).num_tokens == 100                # no room given: the cap alone
+    assert s.next_batch(bulk_tokens=500, bulk_cap=120).num_tokens == 100
+    for i in range(30):                                                # 1500 interactive tokens waiting
+        s.add(req(50, tag=f"q{i}"))
+    b = s.next_batch(bulk_tokens=0, bulk_cap=120)                      # the share (250) within the cap
+    assert sum(50 * (p.last - p.first) for p in b.pieces if p.request.handle == "bulk") == 100
+    assert b.num_tokens == 850 + 100                                   # interactive: the budget less the capped share
+    s2 = Scheduler(1000, 64, bulk_min_share=0.25)
+    s2.add(req(300, tag="long", lane="bulk"))
+    for i in range(30):
+        s2.add(req(50, tag=f"q{i}"))
+    b = s2.next_batch(bulk_tokens=0, bulk_cap=120)                     # one sequence over the cap still goes
+    assert [h for h, _, _ in order([b])].count("long") == 1 and b.num_tokens == 300 + 14 * 50
+
+
 def test_waits_are_recorded_once_per_request_in_its_lane():
     s = Scheduler(100, 64)
     big, q = req(*([50] * 4), lane="bulk"), req(10)
