@@ -237,7 +237,7 @@ def table(result: dict) -> str:
             continue
         for phase, p in res["phases"].items():
             q, b = p.get("query", {}), p.get("bulk", {})
-            ratio = res.get("bulk_rate_beside_queries", "") if phase == "both" else ""
+            ratio = (res.get("bulk_rate_beside_queries") or "") if phase == "both" else ""
             lines.append(f"| {name} | {phase} | {q.get('p50_ms', '')} | {q.get('p90_ms', '')} | {q.get('p99_ms', '')} "
                          f"| {q.get('max_ms', '')} | {b.get('emb_per_s', '')} | {ratio} |")
     return "\n".join(lines)
