@@ -45,5 +45,5 @@ def next_batch(service):
         if main_has_room and not bulk_running:
             return sched.next_batch(lane=INTERACTIVE), service.engine
     if main_has_room and sched.has_work(BULK):
-        return sched.next_batch(lane=BULK), service.engine
+        return sched.next_batch(lane=BULK, bulk_cap=service.lanes.bulk_cap()), service.engine
     return None, None

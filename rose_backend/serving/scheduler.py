@@ -199,10 +199,12 @@ class Scheduler:
         them (None: up to the budget; 0: none) unless interactive work waits beyond this batch, when
         bulk keeps its share (bulk_min_share of the tokens and sequences, at least one sequence).
         bulk_cap: at most this many bulk tokens whatever the share (its one sequence excepted).
-        lane: one lane's sequences only, up to the whole budget (the query lane's two engines)."""
+        lane: one lane's sequences only, up to the whole budget (the query lane's two engines; bulk's
+        within bulk_cap)."""
         if lane is not None:
             pieces: list[Piece] = []
-            self._take(lane, pieces, 0, 0, self.max_batch_tokens, self.max_batch_seqs, time.monotonic())
+            cap = self.max_batch_tokens if lane != BULK or bulk_cap is None else min(bulk_cap, self.max_batch_tokens)
+            self._take(lane, pieces, 0, 0, cap, self.max_batch_seqs, time.monotonic())
             return ScheduledBatch.of(pieces) if pieces else None
         inter, bulk = self.pools[INTERACTIVE], self.pools[BULK]
         tokens_for_inter, seqs_for_inter = self.max_batch_tokens, self.max_batch_seqs

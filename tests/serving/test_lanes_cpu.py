@@ -1,8 +1,8 @@
 """The lanes on an engine that runs each batch inside step() (the CPU), with a real CPU engine: bulk
 batches hold about `bulk_batch_ms` of measured work (one sequence at least), a query that arrives
 during a bulk batch gets the next batch to itself, a bulk request is not run whole inline past the
-cap; with the time cap off, the token caps as before; the setting's parsing and its refusal on a
-GPU."""
+cap, nor run past it beside a query engine; with the time cap off, the token caps as on a GPU; the
+setting's parsing and its refusal on a GPU."""
 import threading
 
 import numpy as np
@@ -89,6 +89,21 @@ def test_a_bulk_request_within_the_batch_limits_is_not_run_whole_past_the_cap(en
         q = request(4, 1, 16)                          # a query still runs inline as one batch
         svc.submit(q)
         assert wait_until(lambda: len(done) == 2, 30) and eng.batches[-1].num_seqs == 1
+    finally:
+        svc.stop(10)
+
+
+def test_the_time_cap_holds_beside_a_query_engine_too(engine):
+    eng, done = GatedEngine(engine), []              # interactive_stream=on on a CPU instance
+    svc = EmbeddingService(eng, done.append, max_batch_tokens=256, max_batch_seqs=16, inline=False,
+                           lane_settings=RoseSettings(bulk_batch_ms="1"),
+                           query_engine=Engine(engine.cfg, weights_from=engine))
+    try:
+        bulk = request(6, 6, 64, lane="bulk")
+        svc.submit(bulk)
+        assert wait_until(lambda: done == [bulk], 60)
+        assert [b.num_seqs for b in eng.batches] == [1] * 6
+        np.testing.assert_allclose(bulk.output, expected(engine, bulk), atol=1e-5)
     finally:
         svc.stop(10)
 
