@@ -71,6 +71,7 @@ class Seen:
     answers: list[Answer] = field(default_factory=list)           # the steady clients
     probes: list[tuple[float, int, int]] = field(default_factory=list)   # (t, Triton ready, gateway /health)
     until_s: float | None = None                                  # when `until` held
+    killed_at: float = 0.0                                        # time.monotonic() of the kill
 
     @property
     def wrong(self) -> list[str]:
@@ -108,6 +109,12 @@ class Seen:
         if down is None:
             return None
         return min((a.done for a in self.answers if a.sent >= down and not a.error and not a.wrong), default=None)
+
+    def back(self, gateway: bool) -> bool:
+        """Whether the clients have seen the deployment serve again: a correct answer and Triton (and
+        the gateway) ready after being not ready."""
+        return self.first_correct_s is not None and self.triton_ready_again_s is not None and \
+            (not gateway or self.gateway_ready_again_s is not None)
 
     def outage(self) -> dict[str, int]:
         """How the steady clients' failures read: {"grpc embed: AllReplicasDown": n, "http embeddings: 503": n}."""
@@ -245,7 +252,7 @@ def kill_under_load(target: Target, pid: int, victim: str, work: Workload, until
                     timeout: float = 120.0, settle_s: float = 1.5, load_s: float = 1.0) -> Seen:
     """Run the steady load for load_s, send the burst, kill -9 the stub `pid` (of model `victim`),
     keep the load on until `until()` holds (the deployment says it serves again) or timeout, then
-    settle_s longer; what the clients saw."""
+    until the clients have seen it serve again (Seen.back), settle_s at most; what the clients saw."""
     from rose_client import ConnectionLost, ServerError, StreamConnection
     killed_at = [time.monotonic() + 3600.0]
     seen = Seen(victim, pid)
@@ -260,13 +267,17 @@ def kill_under_load(target: Target, pid: int, victim: str, work: Workload, until
             for i, (_, fut, _) in enumerate(burst):
                 fut.add_done_callback(lambda _f, i=i: done.setdefault(i, time.monotonic()))
             time.sleep(0.3)
-            killed_at[0] = time.monotonic()
+            killed_at[0] = seen.killed_at = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             end = killed_at[0] + timeout
             while not until() and time.monotonic() < end:
                 time.sleep(0.05)
             seen.until_s = time.monotonic() - killed_at[0] if until() else None
-            time.sleep(settle_s)
+            settled = time.monotonic() + settle_s
+            while time.monotonic() < settled and \
+                    not Seen(victim, pid, answers=list(steady.answers), probes=list(steady.probes)).back(
+                        bool(target.gateway_url)):
+                time.sleep(0.05)
         finally:
             steady.stop()
         for i, (name, fut, check) in enumerate(burst):

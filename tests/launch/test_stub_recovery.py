@@ -89,10 +89,10 @@ def kill_and_recover(dep: Deployment, victim: str):
     target = Target(run.grpc_url, f"http://127.0.0.1:{run.ports.http}", run.gateway_url)
     seen = kill_under_load(target, pid, victim, dep.work,
                            until=lambda: any(pattern.search(ln) for ln in run.lines[after:]))
-    dep.recovered_at = time.monotonic()
     dep.restarts += 1
     print(victim, seen.summary())
     assert seen.until_s is not None, f"no restart line for {victim}:\n" + "".join(run.lines[after:])[-3000:]
+    dep.recovered_at = seen.killed_at + seen.until_s          # when the launcher said it serves again
     assert not seen.wrong, seen.wrong
     errors = seen.inflight_errors
     assert errors, f"no request was in flight when {victim}'s stub died: {seen.inflight}"

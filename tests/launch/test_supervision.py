@@ -96,25 +96,39 @@ def test_stubs_exit_when_tritonserver_is_killed_under_load(small_server):
         conn.close()
 
 
+def wait_dead(pid: int, timeout: float = 10.0) -> None:
+    """Until a killed process runs no more (gone, or a zombie its parent has not reaped yet)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return
+        except OSError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} still runs {timeout:g} s after SIGKILL")
+
+
 @pytest.mark.server
-@pytest.mark.parametrize("model", ["rose", "tokenize"])
-def test_killing_a_stub_leaves_nothing_behind(small_server, model):
-    """kill -9 of one stub of a server without the launcher's watch: the server goes on (Triton 2.51
-    fails the model's requests with "Stub process ... is not healthy" and never restarts the stub;
-    the launcher's watch ends and restarts such a server: test_stub_recovery.py); SIGTERM then stops
-    everything within the drain time, leaving nothing behind."""
-    victim = stubs(small_server)[model][0]
-    os.kill(victim, signal.SIGKILL)
-    time.sleep(2)
-    conn = StreamConnection(small_server.grpc_url)
-    try:
-        for name, inputs in (("rose", HELLO), ("embed", [("TEXT", ["hello"])])):
-            try:
-                conn.infer(name, inputs).result(60)
-            except Exception as e:                          # an explicit error is fine, a hang is not
-                assert str(e), e
-    finally:
-        conn.close()
+def test_killing_stubs_leaves_nothing_behind(small_server):
+    """kill -9 of a server's `rose` stub, then of its `tokenize` stub, without the launcher's watch:
+    the server goes on (Triton 2.51 fails the model's requests with "Stub process ... is not
+    healthy" and never restarts the stub; the launcher's watch ends and restarts such a server:
+    test_stub_recovery.py), each request after each death ends (an answer or an explicit error,
+    never a hang); SIGTERM then stops everything within the drain time, leaving nothing behind."""
+    for model in ("rose", "tokenize"):
+        victim = stubs(small_server)[model][0]
+        os.kill(victim, signal.SIGKILL)
+        wait_dead(victim)
+        conn = StreamConnection(small_server.grpc_url)
+        try:
+            for name, inputs in (("rose", HELLO), ("embed", [("TEXT", ["hello"])])):
+                try:
+                    conn.infer(name, inputs).result(60)
+                except Exception as e:                      # an explicit error is fine, a hang is not
+                    assert str(e), (model, name, e)
+        finally:
+            conn.close()
     t0 = time.monotonic()
     small_server.stop()                                  # SIGTERM; the launcher reaps what is left
     assert time.monotonic() - t0 <= DRAIN + 5
