@@ -150,8 +150,8 @@ def test_tail_bench_follows_each_request_through_the_server(tmp_path):
     reach the server, Triton's trace is read and cut into segments, rose's stage clock is joined
     to it, and the slowest 1% are set against the median."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
-    p = subprocess.run([sys.executable, "-m", "rose_bench", "tail", "--models", "tiny-xlm-roberta", "--words", "60",
-                        "--clients", "3", "--interval-ms", "500", "--warmup-ms", "900", "--out", str(tmp_path / "out"),
+    p = subprocess.run([sys.executable, "-m", "rose_bench", "tail", "--models", "tiny-xlm-roberta", "--words", "30",
+                        "--clients", "3", "--interval-ms", "300", "--warmup-ms", "600", "--out", str(tmp_path / "out"),
                         "--work", str(tmp_path / "work"), "--git-commit", "test",
                         "--variants", "two:rose.response_threads=2,tokenize_batched.count=1"],
                        capture_output=True, text=True, env=env, timeout=400, cwd=ROOT / "benchmarks")
