@@ -53,7 +53,7 @@ def _prefetch_rows(w_ptr, rows, stride_w, k0, k_span, LINES: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, up_off,
+def _gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, stride_xm, stride_wn, stride_ym, k_per_split, up_off,
                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIALS: tl.constexpr, PDL: tl.constexpr,
                  LINES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_n, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -122,7 +122,7 @@ def gemm_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act: s
     on = use_pdl(x, m)
     if m:
         _gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), 1)](
-            x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0), k, n,
+            x, w, bias if bias is not None else w, y, m, n, x.stride(0), w.stride(0), y.stride(0), k, n,
             ACT=ACTS[act], HAS_BIAS=bias is not None, PARTIALS=False, LINES=_lines(k) if on else 0,
             BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **launch_options(on))
     return y
@@ -141,7 +141,7 @@ def splitk_matmul(x: torch.Tensor, w: torch.Tensor, splits: int, bm: int = 64, b
     on = use_pdl(x, m)
     if m:
         _gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), splits)](
-            x, w, w, out, m, n, k, x.stride(0), w.stride(0), n, k // splits, 0,
+            x, w, w, out, m, n, x.stride(0), w.stride(0), n, k // splits, 0,
             ACT=0, HAS_BIAS=False, PARTIALS=True, LINES=_lines(k // splits) if on else 0,
             BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages, **launch_options(on))
     return out
