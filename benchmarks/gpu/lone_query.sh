@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu/lone_query.sh MODELS LENGTHS LABEL=TREE[:KEY=VALUE,...] ...
 #   e.g. bash benchmarks/gpu/lone_query.sh bge-m3 128,512 before=.base exec=. sched=.:lone_answered_by=scheduler
 # TREE: this checkout (.) or an earlier one (`git archive <commit> | tar -x -C .base`); KEY=VALUE: `rose`
-# parameters. Results: $OUT/<label>[-<n>]/host_path.json; $COMMITS (LABEL=commit,...) is recorded in each.
+# parameters. Results: $OUT/<label>[-<n>]/host_path.json; $COMMITS (LABEL=commit,...) is recorded in each;
+# $CONCURRENCY (default 1): the perf_analyzer concurrencies of the `rose` runs, e.g. 1,2.
 set -euo pipefail
 MODELS=$1 LENGTHS=$2
 shift 2
@@ -24,6 +25,7 @@ for variant in "$@"; do
   for kv in ${params//,/ }; do args+=(--rose-param "$kv"); done
   (cd "$tree" && export PYTHONPATH=$PWD:$PWD/ensemble:$PWD/client:$PWD/gateway:$PWD/benchmarks:${GPU_SITE:-} &&
    python3 -m rose_bench host-path --out "$OUT/$dir" --work /tmp/rose-lone-query --models "$MODELS" \
-     --lengths "$LENGTHS" --embed-words 128 --clients 0 --interval-ms 1500 --git-commit "${commit:-unknown}" \
+     --lengths "$LENGTHS" --concurrency "${CONCURRENCY:-1}" --embed-words 128 --clients 0 --interval-ms 1500 \
+     --git-commit "${commit:-unknown}" \
      ${args[@]+"${args[@]}"})
 done

@@ -51,9 +51,32 @@ def triton_metric(url: str, name: str, model: str) -> float:
     return float(m.group(1)) if m else float("nan")
 
 
+def rose_counters(url: str) -> dict[str, float]:
+    """The `rose` model's own counters of the lone path and of the signs of concurrent traffic."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = {}
+    for name in ("rose_lone_requests_total", "rose_whole_inline_requests_total", "rose_backlog_arrivals_total",
+                 "rose_concurrent_arrivals_total"):
+        out[name] = sum(float(v) for v in re.findall(rf'^{name}{{[^}}]*model="rose"[^}}]*}} ([0-9.e+]+)$', text, re.M))
+    return out
+
+
+def arrival_gaps(inside: list[list]) -> dict:
+    """From requests' marks (received first, sent last): how long after the previous request's answer
+    was sent each request reached execute() (p10 / p50 / p90 us, only where that answer came first),
+    and the share that took the lone path (no "scheduled" stage)."""
+    inside = sorted(inside, key=lambda m: m[0][1])
+    gaps = [b[0][1] - a[-1][1] for a, b in zip(inside, inside[1:]) if a[-1][0] == "sent" and a[-1][1] <= b[0][1]]
+    out = {"lone_share": round(sum(all(s != "scheduled" for s, _ in m) for m in inside) / max(1, len(inside)), 3)}
+    if gaps:
+        out.update({f"gap_after_sent_p{q}_us": round(float(np.percentile(gaps, q)) / 1e3, 1) for q in (10, 50, 90)})
+    return out
+
+
 def stages_in_windows(stage_dir: Path, model: str, windows: dict[str, tuple[int, int]]) -> dict:
-    """{run: {stage: p50_us, ..., "n": requests}} from `model`'s marks whose first mark lies in the
-    run's [start, end) perf_counter_ns window (the server's clock and ours are both CLOCK_MONOTONIC)."""
+    """{run: {stage: p50_us, ..., "n": requests, arrival_gaps()}} from `model`'s marks whose first
+    mark lies in the run's [start, end) perf_counter_ns window (the server's clock and ours are both
+    CLOCK_MONOTONIC)."""
     from rose_bench.trace_join import read_marks
     marks = read_marks(stage_dir, model)
     out = {}
@@ -65,13 +88,14 @@ def stages_in_windows(stage_dir: Path, model: str, windows: dict[str, tuple[int,
                 rows.setdefault(stage, []).append((b - a) / 1e3)
             rows.setdefault("total", []).append((m[-1][1] - m[0][1]) / 1e3)
         if inside:
-            out[run] = {"n": len(inside), **{k: round(float(np.median(v)), 1) for k, v in rows.items()}}
+            out[run] = {"n": len(inside), **{k: round(float(np.median(v)), 1) for k, v in rows.items()},
+                        **arrival_gaps(inside)}
     return out
 
 
 def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: int,
                lengths: tuple[int, ...] = (128, 512), embed_words: tuple[int, ...] = (128,),
-               rose_params: dict | None = None) -> dict:
+               rose_params: dict | None = None, concurrency: tuple[int, ...] = (1,)) -> dict:
     stage_dir = work / f"stages-{model}-{inline}"
     shutil.rmtree(stage_dir, ignore_errors=True)
     repo = repository_copy(DEFAULT_REPOSITORY, work / f"repo-{model}-{inline}",
@@ -90,7 +114,7 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
         out["ready_s"] = round(time.monotonic() - t0, 1)
         vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
         ids = {n: write_input_data(work / f"ids_{model}_{n}.json", vocab, n) for n in lengths}
-        runs = {f"rose 1x{n} ids": ("rose", ids[n], 1) for n in lengths}
+        runs = {f"rose 1x{n} ids" + (f" c{c}" if c > 1 else ""): ("rose", ids[n], c) for c in concurrency for n in lengths}
         runs.update({f"floor 1x{n} ids": ("floor", ids[n], 1) for n in lengths if n <= 512})
         for w in embed_words:
             runs[f"embed one {w}-word text"] = ("embed", text_input(work / f"text_{model}_{w}.json", vocab, w), 1)
@@ -101,8 +125,11 @@ def one_server(folder: Path, model: str, inline: str, work: Path, interval_ms: i
             t_run = time.perf_counter_ns()
             before = {k: triton_metric(metrics, k, step) for k in
                       ("nv_inference_compute_infer_duration_us", "nv_inference_queue_duration_us", "nv_inference_request_success")}
+            counted = rose_counters(metrics) if served == "rose" else None
             res = run_perf_analyzer(srv.grpc_url, served, data, work / f"pa-{model}-{inline}-{len(out)}.csv", interval_ms,
                                     concurrency=clients)
+            if counted is not None:
+                res["rose_counters"] = {k: v - counted[k] for k, v in rose_counters(metrics).items()}
             if served == "embed":
                 after = {k: triton_metric(metrics, k, step) for k in before}
                 n = after["nv_inference_request_success"] - before["nv_inference_request_success"]
@@ -155,6 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=16, help="concurrent clients of the embed 512-word run (0: none)")
     ap.add_argument("--work", default="/tmp/rose-host-path")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--concurrency", default="1", help="perf_analyzer concurrencies of the `rose` id runs, comma-separated")
     ap.add_argument("--rose-param", action="append", default=[], metavar="KEY=VALUE",
                     help="a `rose` config.pbtxt parameter of every server started (repeatable)")
     args = ap.parse_args(argv)
@@ -171,7 +199,8 @@ def main(argv=None) -> int:
                 result["runs"][f"{model}/inline={inline}"] = one_server(folder, model, inline, work, args.interval_ms,
                                                                          tuple(int(n) for n in args.lengths.split(",")),
                                                                          tuple(int(w) for w in args.embed_words.split(",")),
-                                                                         dict(kv.split("=", 1) for kv in args.rose_param))
+                                                                         dict(kv.split("=", 1) for kv in args.rose_param),
+                                                                         tuple(int(c) for c in args.concurrency.split(",")))
             except Exception as e:
                 result["runs"][f"{model}/inline={inline}"] = {"error": f"{type(e).__name__}: {e}"}
             (out / "host_path.json").write_text(json.dumps(result, indent=1))

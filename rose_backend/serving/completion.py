@@ -13,6 +13,7 @@ buffers the engine reuses: valid in the call only).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -29,6 +30,12 @@ class Completion:
                  release: Callable[[Request], None], clock, stats: ServiceStats, response_threads: int):
         self.on_complete, self.on_piece, self.release, self.clock, self.stats = on_complete, on_piece, release, clock, stats
         self.responders = Responders(response_threads, self.answer, clock=clock)
+        self.finished = 0                # requests finished (answered, or handed to the responders)
+        self._finished_lock = threading.Lock()
+
+    def _count_finished(self) -> None:
+        with self._finished_lock:        # finish() runs on the loop, inline and responder threads
+            self.finished += 1
 
     def deliver(self, batch: ScheduledBatch, emb: np.ndarray, extras: dict | None, hand_off: bool) -> None:
         """emb [S, D]: the batch's rows. A request whose last rows these are is answered (handed to
@@ -61,6 +68,7 @@ class Completion:
         if r.finished:                    # exactly one response per request
             return
         r.finished = True
+        self._count_finished()
         if r.error is None:
             self.stats.completed += 1
         else:
@@ -80,6 +88,7 @@ class Completion:
         self.stats.cancelled += 1
         r.error, r.error_kind = CANCELLED, "cancelled"
         r.finished = True
+        self._count_finished()
         self.answer(r)
 
     def answer(self, r: Request) -> None:

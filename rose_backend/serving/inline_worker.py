@@ -44,7 +44,7 @@ class IdleInlineWorker(abc.ABC):
             if self._stopping:
                 raise ShuttingDown(SHUTTING_DOWN)
             if not self._admit(job):
-                self._cond.notify()
+                self._cond.notify_all()
                 return
         try:
             self._run_inline(job)
@@ -54,13 +54,13 @@ class IdleInlineWorker(abc.ABC):
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():
             self._time_up(timeout)
             with self._cond:
                 self._abort = True
-                self._cond.notify()
+                self._cond.notify_all()
             self._thread.join(max(5.0, timeout / 4))
             if self._thread.is_alive():
                 log.error("the %s thread did not stop", self._thread.name)

@@ -14,7 +14,10 @@ Failure handling (the service keeps serving through all of these):
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 class Unavailable(RuntimeError):
@@ -56,3 +59,24 @@ def drop_caller_objects(r) -> None:
     soon as the request is answered. Triton counts a request in flight until its sender and request
     are gone, and unloading the model at shutdown waits for that."""
     r.handle = r.is_cancelled = None
+
+
+def abort_all(service, lock) -> None:
+    """stop()'s time is up, with an EmbeddingService's `lock` held: what is in flight is collected
+    (without the lock), and every request still waiting is answered SHUTTING_DOWN."""
+    left = service.scheduler.waiting() + service.scheduler.take_cancelled()
+    for r in left:
+        service.scheduler.remove(r)
+    lock.release()
+    try:
+        try:
+            while service.running():
+                service.collect(block=True)
+        except Exception:
+            log.exception("collecting a batch during shutdown failed")
+        for r in left:
+            if not r.finished:
+                r.error, r.error_kind = SHUTTING_DOWN, "unavailable"
+                service.done.finish(r)
+    finally:
+        lock.acquire()

@@ -11,12 +11,11 @@ Up to `max_inflight` batches are in flight; a batch formed is launched before fi
 collected. Lanes (lanes.py): interactive sequences first; bulk capped (on the CPU, in time).
 
 Inline (`inline=True`, inline_worker.py): a request arriving at an idle service that fits in one
-batch is launched by the submitting thread. A lone one (no backlog: the previous submit() returned
-at least `backlog_us` ago; no concurrent traffic for BATCH_HOLD_S) is also waited for and answered
-there (`stats.whole_inline`); run_lone() does so for one sequence whose graph is captured, with no
-Request or batch (engine/lone.py, `stats.lone`). A backlog's request (Triton hands a decoupled model
-the next request only when execute() returns) is launched and the loop thread answers it, so the
-requests behind it batch (benchmarks/RESULTS-concurrency.md, "Lone requests under concurrency").
+batch is launched by the submitting thread. One without signs of concurrent traffic (whole_runs.py)
+is also waited for and answered there (`stats.whole_inline`); run_lone() does so for one sequence
+whose graph is captured, with no Request or batch (engine/lone.py, `stats.lone`). Otherwise the
+loop thread answers it, so the requests behind it batch. An arrival after every request was
+answered, while the loop thread still finishes the last, waits up to IDLE_WAIT_S for it.
 Failures (overload, cancellation, out of memory, shutdown): outcomes.py.
 """
 from __future__ import annotations
@@ -33,14 +32,15 @@ from rose_backend.serving.inline_worker import IdleInlineWorker
 from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy, LaneSettings
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.oom_retry import retry_in_halves
-from rose_backend.serving.outcomes import (SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, drop_caller_objects,
-                                           is_out_of_memory)
+from rose_backend.serving.outcomes import (SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, abort_all,
+                                           drop_caller_objects, is_out_of_memory)
 from rose_backend.serving.query_lane import QueryLane, bulk_in_flight
 from rose_backend.serving.query_lane import next_batch as next_of_two
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
+from rose_backend.serving.whole_runs import WholeRuns
 
 log = logging.getLogger(__name__)
-BATCH_HOLD_S = 0.1          # after a sign of concurrent traffic, this long without whole inline runs
+IDLE_WAIT_S = 0.002         # the longest an arrival waits for the loop thread to finish an answered request
 
 
 class EmbeddingService(IdleInlineWorker):
@@ -57,9 +57,8 @@ class EmbeddingService(IdleInlineWorker):
         self.engine, self.on_piece, self.inline = engine, on_piece, inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
-        self._backlog_ns = None if backlog_us is None else int(backlog_us * 1000)
-        # when submit() last returned; no request run whole before _batch_until_ns; the inline one is
-        self._returned_ns, self._batch_until_ns, self._whole = None, 0, False
+        self.whole_runs, self._whole = WholeRuns(backlog_us), False     # _whole: the inline request runs whole
+        self._admitted = 0                                   # requests admitted by submit() (done.finished: answered)
         self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs, bulk_threshold_tokens=lane_settings.bulk_threshold_tokens,
                                    bulk_min_share=lane_settings.bulk_min_share)
         self.lanes = LanePolicy.of(lane_settings, engine)
@@ -79,7 +78,7 @@ class EmbeddingService(IdleInlineWorker):
         try:
             super().submit(request)
         finally:
-            self._returned_ns = time.perf_counter_ns()
+            self.whole_runs.returned()
 
     def run_lone(self, input_ids: np.ndarray, answer: Callable[[np.ndarray], None], marks: list | None = None) -> bool:
         """One sequence of token ids (int32 [T], checked) on an idle service, whole on this thread
@@ -91,7 +90,7 @@ class EmbeddingService(IdleInlineWorker):
         with self._cond:
             if self._stopping:
                 raise ShuttingDown(SHUTTING_DOWN)
-            whole = self._idle() and tokens <= self.scheduler.bulk_threshold_tokens and self._runs_whole(INTERACTIVE)
+            whole = tokens <= self.scheduler.bulk_threshold_tokens and self._idle_soon() and self.whole_runs.allowed(INTERACTIVE)
             run = self.engine.lone.run_for(tokens) if whole else None
             if run is None:
                 return False
@@ -116,7 +115,7 @@ class EmbeddingService(IdleInlineWorker):
             log.exception("sending a response failed")
         finally:
             self._end_inline(None)
-            self._returned_ns = time.perf_counter_ns()
+            self.whole_runs.returned()
         return True
 
     def _admit(self, request: Request) -> bool:
@@ -127,35 +126,42 @@ class EmbeddingService(IdleInlineWorker):
                              f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
         self.stats.requests += 1
         self.lanes.seen(lane, time.monotonic())
-        inline = (self._idle() and request.num_tokens <= self.scheduler.max_batch_tokens
-                  and request.num_seqs <= self.scheduler.max_batch_seqs and self.lanes.runs_alone(lane, request.num_tokens))
+        concurrent = self._admitted != self.done.finished        # another request is still unanswered
+        inline = (request.num_tokens <= self.scheduler.max_batch_tokens and request.num_seqs <= self.scheduler.max_batch_seqs
+                  and self.lanes.runs_alone(lane, request.num_tokens) and self._idle_soon())
+        self._admitted += 1
         if inline:
             self._busy = True
-            self._whole = self._runs_whole(lane)
+            self._whole = self.whole_runs.allowed(lane)
         else:
             self.scheduler.add(request)
-            self._batch_until_ns = time.perf_counter_ns() + int(BATCH_HOLD_S * 1e9)    # it found the service busy
+            if concurrent:
+                self.whole_runs.concurrent()
         return inline
 
     def _idle(self) -> bool:
         """Lock held: a request now may be launched on the submitting thread."""
-        return self.inline and not self._busy and not self._running() and not self.scheduler.has_work()
+        return self.inline and not self._busy and not self.running() and not self.scheduler.has_work()
 
-    def _runs_whole(self, lane: str) -> bool:
-        """Lock held: an inline request of `lane` is also waited for and answered there (no backlog, no
-        concurrent traffic for BATCH_HOLD_S; module docstring)."""
-        if self._backlog_ns is None or lane != INTERACTIVE:
+    def _idle_soon(self) -> bool:
+        """Lock held: _idle(), or so within IDLE_WAIT_S where every request admitted is answered
+        (what runs is the loop thread's end of the last one, not concurrent traffic)."""
+        if self._idle():
+            return True
+        if not self.inline or self._admitted != self.done.finished:
             return False
-        now = time.perf_counter_ns()
-        if self._returned_ns is not None and now - self._returned_ns < self._backlog_ns:
-            self._batch_until_ns = now + int(BATCH_HOLD_S * 1e9)
-            return False
-        return now >= self._batch_until_ns
+        deadline = time.perf_counter() + IDLE_WAIT_S
+        while not self._idle():
+            left = deadline - time.perf_counter()
+            if left <= 0 or self._stopping:
+                return False
+            self._cond.wait(left)
+        return True
 
     def _end_inline(self, request: Request | None) -> None:
         with self._cond:
             self._busy = False
-            self._cond.notify()
+            self._cond.notify_all()
 
     @property
     def queued_tokens(self) -> int:
@@ -178,13 +184,13 @@ class EmbeddingService(IdleInlineWorker):
         while True:
             batch = None
             with self._cond:
-                while not self._abort and not self._running() and (
+                while not self._abort and not self.running() and (
                         self._busy or (not self._stopping and not self.scheduler.has_work())):
                     self._cond.wait()             # idle, or an inline request owns the engine
-                if self._stopping and not self.scheduler.has_work() and not self._running():
+                if self._stopping and not self.scheduler.has_work() and not self.running():
                     return
                 if self._abort:
-                    self._abort_all()
+                    abort_all(self, self._cond)
                     return
                 held, engine = False, None        # held: bulk held back (LanePolicy), or two engines running
                 if self.query is not None and not self._busy:
@@ -206,32 +212,14 @@ class EmbeddingService(IdleInlineWorker):
                     finally:
                         with self._cond:
                             self._busy = False
+                            self._cond.notify_all()
                     self.collect(block=False)
-                elif self._running():
+                elif self.running():
                     self.collect(block=not held)
             except Exception:  # never let the loop die: that would strand every request
                 log.exception("scheduler loop error")
             del batch, gone                   # hold no finished request while waiting (see release)
-            self._host_memory.maybe_trim(idle=not self._running() and not self.scheduler.has_work())
-
-    def _abort_all(self) -> None:
-        """Called with the lock held when stop()'s time is up: answer everything still waiting."""
-        left = self.scheduler.waiting() + self.scheduler.take_cancelled()
-        for r in left:
-            self.scheduler.remove(r)
-        self._cond.release()
-        try:
-            try:
-                while self._running():
-                    self.collect(block=True)
-            except Exception:
-                log.exception("collecting a batch during shutdown failed")
-            for r in left:
-                if not r.finished:
-                    r.error, r.error_kind = SHUTTING_DOWN, "unavailable"
-                    self.done.finish(r)
-        finally:
-            self._cond.acquire()
+            self._host_memory.maybe_trim(idle=not self.running() and not self.scheduler.has_work())
 
     def _bulk_limits(self) -> dict:
         """next_batch's bulk_tokens and bulk_cap (LanePolicy; none while draining); lock held."""
@@ -249,7 +237,7 @@ class EmbeddingService(IdleInlineWorker):
     def _queues(self) -> list:            # the batches in flight, per engine: the main one's, the query one's
         return [self.inflight] if self.query is None else [self.inflight, self.query.inflight]
 
-    def _running(self) -> bool:
+    def running(self) -> bool:
         return any(self._queues())
 
     def _run_inline(self, r: Request) -> None:
@@ -317,11 +305,13 @@ class EmbeddingService(IdleInlineWorker):
             self._collect_one(*q[0])
             with self._cond:
                 q.popleft()
+                self._cond.notify_all()                         # an arrival may wait for idle (_idle_soon)
         while self.inflight and (block or self.inflight[0][1].ready()):
             batch, handle = self.inflight[0]
             self._collect_one(batch, handle)
             with self._cond:            # popped only once delivered: an inline step waits for it
                 self.inflight.popleft()
+                self._cond.notify_all()
             block = False                                       # block for the oldest one only
 
     def _collect_one(self, batch: ScheduledBatch, handle) -> None:

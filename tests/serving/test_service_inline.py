@@ -11,7 +11,8 @@ import pytest
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.options import EngineOptions
-from rose_backend.serving.service import BATCH_HOLD_S, EmbeddingService
+from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.whole_runs import BATCH_HOLD_S
 from rose_testing.waiting import wait_until
 from rose_backend.serving.stage_clock import StageClock
 from support.requests import uniform_request
@@ -93,6 +94,53 @@ def test_a_request_of_a_backlog_is_launched_here_and_answered_by_the_loop(engine
             svc.stop(5)
 
 
+def test_a_request_sent_after_the_answer_is_no_sign_of_concurrent_traffic(engine):
+    """One client at a time: the next request comes once the caller has its answer, which the loop
+    thread may still be finishing (Triton's send returns after the caller has it). That request is
+    answered, and counted as no sign of concurrent traffic (which would stop whole runs)."""
+    gate = Gate(engine)
+    gate.open.set()
+    done, where = [], {}
+
+    def answer(r):
+        done.append(r)
+        where[id(r)] = threading.current_thread().name
+        if len(done) == 2:
+            time.sleep(0.2)                           # the caller has its answer; the send still returns
+
+    svc = EmbeddingService(gate, answer, backlog_us=50_000)
+    try:
+        svc.submit(request(19))                       # run whole
+        svc.submit(request(20))                       # a backlog: the loop thread answers it
+        assert svc.whole_runs.backlogs == 1
+        assert wait_until(lambda: len(done) == 2, 30) and where[id(done[1])] == "rose-scheduler"
+        second = request(21)
+        svc.submit(second)                            # the loop thread still sends the first
+        assert wait_until(lambda: len(done) == 3, 30) and second.error is None
+        assert svc.whole_runs.concurrent_arrivals == 0
+        np.testing.assert_allclose(second.output, engine.embed([second.input_ids[j * 12:(j + 1) * 12].tolist()
+                                                                for j in range(3)]), atol=1e-5)
+    finally:
+        svc.stop(5)
+
+
+def test_a_request_arriving_right_after_an_answer_waits_for_the_loop_thread_and_runs_inline(engine):
+    """The loop thread's last step after an answer (popping its batch) is waited for, up to
+    IDLE_WAIT_S: the request is launched on the submitting thread, not queued."""
+    gate = Gate(engine)
+    gate.open.set()
+    done = []
+    svc = EmbeddingService(gate, done.append, backlog_us=50_000)
+    try:
+        for seed in range(8):
+            svc.submit(request(seed))                 # a backlog each: launched here, answered by the loop
+            assert wait_until(lambda: len(done) == seed + 1, 30)
+        assert gate.threads == [threading.current_thread().name] * 8
+        assert svc.whole_runs.concurrent_arrivals == 0 and svc.stats.whole_inline == 1
+    finally:
+        svc.stop(5)
+
+
 def test_a_concurrent_load_still_forms_batches(engine):
     """Requests submitted while an inline launch is in flight are pooled and batched together."""
     gate = Gate(engine)
@@ -104,6 +152,7 @@ def test_a_concurrent_load_still_forms_batches(engine):
         t.join(30)
         assert wait_until(lambda: len(done) == 7, 30)
         assert svc.stats.batches < 7                      # the six pooled requests shared batches
+        assert svc.whole_runs.concurrent_arrivals == 6
     finally:
         gate.open.set()
         svc.stop(5)
