@@ -167,6 +167,35 @@ def kernel_ab(models: list[str], folders: Path, variants: list[str], backend: st
     return out
 
 
+def layer_scaling(models: list[str], folders: Path, layer_counts: list[int], backend: str = "torch_varlen",
+                  configs=((1, 128), (1, 512))) -> dict:
+    """Graph replay of each model shape cut to N layers: with one layer (25-30 MB) the weights stay in
+    the 50 MB L2 from replay to replay, with all of them every layer reads its weights from HBM. The
+    difference per layer is what reading the weights from memory costs beyond the kernels' own time,
+    the most a prefetch into L2 could win. The kernels of one replay per cell (kernel_table)."""
+    out = {}
+    for model in models:
+        for layers in layer_counts:
+            cfg = ModelConfig.from_folder(_make_folder(model, folders / f"{model}-{layers}l", device="cuda",
+                                                       num_hidden_layers=layers))
+            eng = Engine(cfg, "cuda", EngineOptions(attention=backend, max_tokens=4096, max_seqs=8))
+            for s, n in configs:
+                b = PackedBatch(np.full(s * n, 7, np.int32), np.full(s, n, np.int32))
+                for _ in range(2):
+                    eng.step(b).synchronize()
+                key = eng.last_key
+                graph = lambda e=eng, k=key: e.graphs.replay(k)    # noqa: E731
+                ms = float(np.median([events_ms(graph, 20) for _ in range(5)]))
+                cell = {"graph_ms": round(ms, 4), "per_layer_us": round(1e3 * ms / layers, 2),
+                        "kernels": kernel_table(graph)}
+                out.setdefault(f"{model} {s}x{n}", {})[f"{layers} layers"] = cell
+                print(model, f"{s}x{n}", layers, "layers", json.dumps({k: v for k, v in cell.items() if k != "kernels"}),
+                      json.dumps(cell["kernels"]["top"][:8]), flush=True)
+            del eng
+            torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/forward_profile")
@@ -181,9 +210,16 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-ab", default=None, metavar="V1,V2,...", help="only: graph replay of the kernel "
                     f"variants named ({', '.join(VARIANTS)}), alternated, at 1x128, 1x256, 1x512 and 2x100, on "
                     "--backends' first backend; writes kernel_ab.json")
+    ap.add_argument("--layer-counts", default=None, metavar="N1,N2", help="only: graph replay of the model shapes "
+                    "cut to these layer counts (layer_scaling), on --backends' first backend; writes layer_scaling.json")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.layer_counts:
+        cells = layer_scaling(args.models.split(","), Path(args.folders), [int(n) for n in args.layer_counts.split(",")],
+                              args.backends.split(",")[0])
+        (out_dir / "layer_scaling.json").write_text(json.dumps({**run_record(args.git_commit, "cuda"), "cells": cells}, indent=1))
+        return 0
     if args.kernel_ab:
         cells = kernel_ab(args.models.split(","), Path(args.folders), args.kernel_ab.split(","), args.backends.split(",")[0])
         res = {**run_record(args.git_commit, "cuda"), "cells": cells}
