@@ -19,7 +19,7 @@ from support.metrics import metric, rose_metric, wait_for_backlog, wait_idle
 from support.ports import free_port
 
 pytestmark = pytest.mark.server
-HEADER_S, BODY_S, RATE = 3.0, 3.0, 1000
+HEADER_S, BODY_S, RATE = 2.0, 2.0, 1000
 MAX_TOKENS = 40_000
 CAP = 12
 # one worker: the connection cap is per worker process, and this file counts it exactly

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.launcher import LauncherRun
+from support.server import repository_with
 
 from support import leftovers
 from rose_backend.launch.connections import children
@@ -42,9 +43,15 @@ def embeds(run: LauncherRun) -> bool:
     return r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 384
 
 
+def watch_repository(tmp_path) -> str:
+    """The test repository (one instance of each tokenize model: its server stops a second or two
+    sooner than the shipped one's); what is watched here is the gateway."""
+    return str(repository_with(None, tmp_path))
+
+
 @pytest.fixture(scope="module")
-def launch():
-    with LauncherRun() as run:
+def launch(tmp_path_factory):
+    with LauncherRun("--repository", watch_repository(tmp_path_factory.mktemp("watch"))) as run:
         assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output
         yield run
 
@@ -93,8 +100,8 @@ def test_another_listener_on_the_gateway_port_stops_the_launch(launch):
 
 
 @pytest.mark.server
-def test_a_gateway_that_keeps_dying_stops_everything():
-    with LauncherRun() as run:
+def test_a_gateway_that_keeps_dying_stops_everything(tmp_path):
+    with LauncherRun("--repository", watch_repository(tmp_path)) as run:
         assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output
         folders = []
         for i in range(1, 4):

@@ -312,15 +312,17 @@ def test_stub_arguments_are_read_from_the_stub_command_line():
 
 
 @pytest.mark.server
-def test_killing_make_serve_stops_its_servers():
+def test_killing_make_serve_stops_its_servers(tmp_path):
     """`make serve` execs the launcher (its parent is make, MAKELEVEL set): make killed with
     SIGKILL sends the launcher SIGTERM, and it stops its servers cleanly. A stand-in parent here, so
-    that the test never runs make's install step."""
+    that the test never runs make's install step; the test repository (one instance of each tokenize
+    model: it stops a second or two sooner than the shipped one)."""
     assert "exec $(BIN)/python -m rose_backend.launch" in (ROOT / "Makefile").read_text()
     ports = free_ports()
     make = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
                              sys.executable, "-m", "rose_backend.launch", "--grpc-port", str(ports.grpc),
-                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--gateway-port", "0"],
+                             "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--gateway-port", "0",
+                             "--repository", str(repository_with(None, tmp_path))],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "MAKELEVEL": "1"})
     deadline = time.monotonic() + 30
