@@ -290,7 +290,7 @@ _COUNTERS = {  # metric name -> (description, where the value comes from)
     "rose_whole_inline_requests_total": ("requests launched, waited for and answered inside execute() "
                                          "through the batch path", lambda m: m.service.stats.whole_inline),
     "rose_backlog_arrivals_total": ("requests that came within inline_backlog_us of execute() returning (Triton had "
-                                    "them queued): none is run whole for 100 ms", lambda m: m.service.whole_runs.backlogs),
+                                    "them queued): none is run whole for 10 ms", lambda m: m.service.whole_runs.backlogs),
     "rose_concurrent_arrivals_total": ("requests that came while another was unanswered: none is run whole for 100 ms",
                                        lambda m: m.service.whole_runs.concurrent_arrivals),
     "rose_graph_captures_refused_total": ("batches run eagerly because the graph pool had reached graph_memory_mb",
