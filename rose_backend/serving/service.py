@@ -48,7 +48,7 @@ class EmbeddingService(IdleInlineWorker):
                  max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 1 << 20,
                  inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
                  host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
-                 release: Callable[[Request], None] | None = None, query_engine=None, backlog_us: int | None = 250):
+                 release: Callable[[Request], None] | None = None, query_engine=None, backlog_us: int | None = 150):
         """Limits as the `rose` parameters of the same names (RoseSettings). lane_settings: a
         LaneSettings or any object with its fields; clock: a StageClock; query_engine: an Engine on
         the same weights for interactive batches (query_lane.py). on_piece and release: completion.py;

@@ -105,7 +105,7 @@ class RoseSettings(_Settings):
     max_request_tokens: int = 1 << 20
     drain_timeout_s: int = 20
     inline_execute: str = "auto"
-    inline_backlog_us: int = 250
+    inline_backlog_us: int = 150
     cuda_graphs: str = "auto"
     gpu_memory_headroom_mb: int = 0
     graph_memory_mb: int = 4096

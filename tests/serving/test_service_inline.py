@@ -62,7 +62,7 @@ def test_a_lone_request_is_run_whole_on_the_submitting_thread(engine):
         me = threading.current_thread().name
         for i, r in enumerate([request(0), request(1, n=1)]):
             if i:
-                time.sleep(0.01)                      # well past backlog_us (250 us): a lone request again
+                time.sleep(0.01)                      # well past backlog_us (150 us): a lone request again
             svc.submit(r)
             assert done[-1] is r and where[-1] == me and gate.threads[-1] == me     # answered before submit returned
             want = engine.embed([r.input_ids[j * 12:(j + 1) * 12].tolist() for j in range(r.num_seqs)])
