@@ -279,6 +279,9 @@ def persistent_ffn(x, up_w, up_b, down_w, down_b, residual, norm_w, norm_b, eps:
     sms = sms or num_sms(x.device)
     cfg = {**default_config(m, hidden, inter, act, sms), **(config or {})}
     s = cfg["splits"]
+    tiles = [cfg[k] for k in ("bm1", "bn1", "bk1", "bm2", "bn2", "bk2")]
+    if any(t < 16 or t & (t - 1) for t in tiles):
+        raise ValueError(f"tile sizes must be powers of 2, at least 16: {tiles}")
     if hidden % cfg["bk1"] or hidden % cfg["bn2"] or inter % cfg["bn1"] or inter % (s * cfg["bk2"]):
         raise ValueError(f"hidden={hidden} must be a multiple of BK1={cfg['bk1']} and BN2={cfg['bn2']}, intermediate="
                          f"{inter} of BN1={cfg['bn1']} and splits x BK2={s} x {cfg['bk2']}")

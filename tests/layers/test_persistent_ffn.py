@@ -104,7 +104,9 @@ def test_refuses_bad_shapes_with_a_clear_error():
         _run({**b, "down_w": b["down_w"][:32].contiguous()})
     with pytest.raises(ValueError, match="up_w must be"):
         _run({**b, "act": "swiglu"})                              # SwiGLU needs gate and up rows [2I, H]
-    with pytest.raises(ValueError, match="intermediate=128 of BN1=48"):
+    with pytest.raises(ValueError, match="intermediate=128 of BN1=256"):
+        _run(b, phased=True, config={"bn1": 256})
+    with pytest.raises(ValueError, match="powers of 2"):
         _run(b, phased=True, config={"bn1": 48})
     with pytest.raises(ValueError, match="at most 256 tokens"):
         _run(_block("gelu-layer", 257), phased=True)
