@@ -146,9 +146,9 @@ def test_blocks_of_both_shapes_back_to_back_in_one_graph(pdl):
     assert float((want.float() - _want({**c, "x": y, "residual": y})).abs().max()) < 1e-1
 
 
-def test_cooperative_launch_equals_the_plain_one():
+def test_cooperative_launch_equals_the_plain_one(pdl):
     """CU_LAUNCH_ATTRIBUTE_COOPERATIVE (the driver refuses a grid that cannot be co-resident instead of
-    letting it wait forever), eager and in a graph."""
+    letting it wait forever), eager and in a graph; with PDL too (both launch attributes at once)."""
     b = _block("bge-m3", 128, seed=5)
     ws = _workspace()
     want = _run(b, workspace=ws)
