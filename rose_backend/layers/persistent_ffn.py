@@ -40,17 +40,24 @@ _SMS: dict[int, int] = {}
 # The grid barrier. Programs are co-resident (grid <= SMs, so none waits for another to leave an SM)
 # and each barrier has its own int32 counter, zero at launch:
 #   arrive  bar.sync (every thread's stores of this program are ordered before thread 0's next
-#           step), then one atomic add, acq_rel at gpu scope: a release of them;
+#           step), then one atomic add by thread 0, acq_rel at gpu scope: a release of them;
 #   wait    thread 0 re-reads the counter with acquire loads until all programs have arrived, then
 #           bar.sync: the acquire that saw the last arrival orders every program's stores before
 #           this program's later loads (as cooperative groups' grid.sync, with the fences in the
 #           atomics). Those loads of other programs' data use .cg (L2; L1 is not coherent).
 # Reuse (CUDA graph replays with fixed arguments; calls in stream order sharing a workspace): the
-# last program to arrive at barrier 2 zeroes counter 0 (every program has left barrier 1's wait by
-# then); after barrier 2 each program adds 1 to counter 2 (acq_rel, after its last read of counter
-# 1), and the last of them zeroes counters 1 and 2. The next launch starts after this one has
-# completed (stream order; under PDL griddepcontrol.wait, before any counter is touched), so it finds
-# all three at zero. A launch that never finished (a fault) leaves them dirty: use a new workspace.
+# last program to arrive at barrier 2 zeroes counter 0: each program's last read of counter 0 comes
+# before its own arrival at barrier 2, which that program's acq_rel add has seen, so no wait at
+# barrier 1 can read the zero. After barrier 2 each program adds 1 to counter 2 (acq_rel, after its
+# last read of counter 1), and the last of them zeroes counters 1 and 2 by the same argument. The
+# next launch starts after this one has completed (stream order; under PDL griddepcontrol.wait,
+# before any counter is touched), so it finds all three at zero. A launch that never finished leaves
+# them dirty: use a new workspace.
+# Co-residency: under PDL the kernel after this one starts only once every program here has passed
+# griddepcontrol.launch_dependents, so all of them are resident by then. What the grid bound cannot
+# see: kernels of other streams or processes (MPS) that hold SMs and never finish, e.g. a second
+# persistent kernel at the same time. config coop=True asks the driver for the guarantee instead (a
+# cooperative launch: it refuses a grid too large to be co-resident).
 
 
 @triton.jit
