@@ -23,7 +23,6 @@
     python -m rose_bench fp8-accuracy                      # dtype=fp8 against bf16 and float32 over a text corpus
     python -m rose_bench tokenizers                        # tokenizer.json readers against HF tokenizers: parity, speed
     python -m rose_bench gemm-sweep                        # the projections as bare GEMMs, per call form (GPU)
-    python -m rose_bench ffn-bench                         # the FFN block: today's kernels vs the persistent kernel (GPU)
     python -m rose_bench merge OUT.json RUN.json ...       # join end-to-end runs of one model
     python -m rose_bench render-readme                     # README's Performance section from the JSON
     python -m rose_bench charts RESULT.json                # redraw one run's charts
