@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rose_backend.engine.batch_limits import BATCH_SEQS, BATCH_TOKENS
 from rose_backend.launch.supervision import cache_env
 
 HALF_DTYPES = ("bfloat16", "float16")
@@ -121,7 +122,7 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
 
 
 def flashinfer_modules(cfg, arch: tuple[int, int], dtype: str, attention: str | None = None,
-                       all_backends: bool = False, max_tokens: int = 16384, max_seqs: int = 64,
+                       all_backends: bool = False, max_tokens: int = BATCH_TOKENS, max_seqs: int = BATCH_SEQS,
                        cuda_norm: bool = True, table=None) -> list[Module]:
     """The flashinfer JIT modules a server of `cfg` loads on `arch` (see the module docstring)."""
     if dtype not in HALF_DTYPES:

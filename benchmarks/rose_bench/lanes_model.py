@@ -22,6 +22,7 @@ import numpy as np
 
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.triton.model_settings import RoseSettings
 
 
@@ -122,10 +123,7 @@ def one_variant(variant: str, args) -> dict:
         sent, then = answered.pop(id(r))
         then(time.perf_counter() - sent)
 
-    svc = EmbeddingService(device, on_complete, max_batch_tokens=settings.max_batch_tokens,
-                           max_batch_seqs=settings.max_batch_seqs, max_inflight=settings.max_inflight,
-                           max_queued_tokens=settings.max_queued_tokens, inline=True,
-                           response_threads=settings.response_threads, lane_settings=settings)
+    svc = EmbeddingService(device, on_complete, ServiceSettings.of(settings, inline=True))
     res: dict = {"variant": variant, "device_ms": args.device_ms, "plan_ms": args.plan_ms, "phases": {}}
     try:
         if args.warmup_s:

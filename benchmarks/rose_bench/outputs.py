@@ -29,6 +29,7 @@ from rose_backend.serving.outputs import (OutputOptions, build_outputs, colbert_
                                           special_token_ids)
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.serving.stage_clock import StageClock
 from rose_bench.record import command_line
 from rose_testing.m3_folders import make_m3_folder
@@ -54,7 +55,7 @@ def served(engine, folder, cells, iters: int, warmup: int) -> dict:
                 clock.mark(r, "outputs_built")
                 done.set()
 
-            svc = EmbeddingService(engine, answer, inline=False, clock=clock,
+            svc = EmbeddingService(engine, answer, ServiceSettings(inline=False), clock=clock,
                                    on_piece=functools.partial(collect_piece, skip_ids=skip))
             try:
                 for i in range(warmup + iters):

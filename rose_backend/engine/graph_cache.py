@@ -30,10 +30,7 @@ from typing import Callable
 
 import torch
 
-# The batch sizes the engine's buckets cover unless told otherwise: the serving defaults (the `rose`
-# parameters max_batch_tokens and max_batch_seqs take these; RoseSettings reads them from here).
-BATCH_TOKENS = 16384
-BATCH_SEQS = 64
+from rose_backend.engine.batch_limits import BATCH_SEQS, BATCH_TOKENS
 
 
 def bucket_limits(max_positions: int, batch_tokens: int = BATCH_TOKENS, batch_seqs: int = BATCH_SEQS) -> dict:

@@ -20,7 +20,7 @@ class EngineOptions:
     dtype: torch.dtype | None = None           # None: bf16 on CUDA, float32 on the CPU
     attention: str | None = None               # backend for every batch (attention.py); None, "", "auto": the table's
     graphs: bool | None = None                 # CUDA graphs, lazy capture; None: on CUDA only; False: eager, unpadded
-    max_tokens: int | None = None              # largest token bucket (past it: eager); None: max(16384, max positions)
+    max_tokens: int | None = None              # largest token bucket (past it: eager); None: max(BATCH_TOKENS, max positions)
     max_seqs: int | None = None                # largest sequence-count bucket; None: 64
     max_inflight: int = 2                      # handles the caller keeps outstanding (pinned ring: max_inflight + 1)
     graph_memory_cap_bytes: int | None = None  # no new graph once graphs hold this much; None: no cap

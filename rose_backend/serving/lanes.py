@@ -87,8 +87,8 @@ class LaneStats:
 
 @dataclass(frozen=True)
 class LaneSettings:
-    """The lanes' parameters, as `rose`'s parameters of the same names (their meaning and defaults:
-    RoseSettings in rose_backend/triton/model_settings.py, which carries these fields too)."""
+    """The lanes' parameters and their defaults, as `rose`'s parameters of the same names (their
+    meaning: docs/OPERATIONS.md); ServiceSettings extends it, and RoseSettings takes these defaults."""
     bulk_threshold_tokens: int = 8192
     bulk_min_share: float = 0.25
     bulk_batch_tokens: int = 6144

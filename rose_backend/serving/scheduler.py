@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rose_backend.engine.batch import PackedBatch
-from rose_backend.serving.lanes import BULK, INTERACTIVE, LANES, LaneStats
+from rose_backend.serving.lanes import BULK, INTERACTIVE, LANES, LaneSettings, LaneStats
 
 
 @dataclass(slots=True, eq=False)
@@ -143,7 +143,8 @@ def _types(r: Request) -> np.ndarray:
 
 class Scheduler:
     def __init__(self, max_batch_tokens: int, max_batch_seqs: int, cancel_check_after: float = 0.05,
-                 bulk_threshold_tokens: int = 8192, bulk_min_share: float = 0.25):
+                 bulk_threshold_tokens: int = LaneSettings.bulk_threshold_tokens,
+                 bulk_min_share: float = LaneSettings.bulk_min_share):
         if max_batch_tokens <= 0 or max_batch_seqs <= 0:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) and max_batch_seqs "
                              f"({max_batch_seqs}) must be positive")

@@ -29,7 +29,7 @@ import numpy as np
 
 from rose_backend.serving.completion import Completion
 from rose_backend.serving.inline_worker import IdleInlineWorker
-from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy, LaneSettings
+from rose_backend.serving.lanes import BULK, INTERACTIVE, LanePolicy
 from rose_backend.serving.memory import HostMemoryTrimmer
 from rose_backend.serving.oom_retry import retry_in_halves
 from rose_backend.serving.outcomes import (SHUTTING_DOWN, Overloaded, ServiceStats, ShuttingDown, abort_all,
@@ -37,6 +37,7 @@ from rose_backend.serving.outcomes import (SHUTTING_DOWN, Overloaded, ServiceSta
 from rose_backend.serving.query_lane import QueryLane, bulk_in_flight
 from rose_backend.serving.query_lane import next_batch as next_of_two
 from rose_backend.serving.scheduler import Piece, Request, ScheduledBatch, Scheduler
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.serving.whole_runs import WholeRuns
 
 log = logging.getLogger(__name__)
@@ -44,30 +45,28 @@ IDLE_WAIT_S = 0.002         # the longest an arrival waits for the loop thread t
 
 
 class EmbeddingService(IdleInlineWorker):
-    def __init__(self, engine, on_complete: Callable[[Request], None], *, max_batch_tokens: int = 16384,
-                 max_batch_seqs: int = 64, max_inflight: int = 2, max_queued_tokens: int = 1 << 20,
-                 inline: bool = True, clock=None, on_piece: Callable | None = None, response_threads: int = 4,
-                 host_memory_trim: str = "idle", lane_settings: LaneSettings = LaneSettings(),
-                 release: Callable[[Request], None] | None = None, query_engine=None, backlog_us: int | None = 150):
-        """Limits as the `rose` parameters of the same names (RoseSettings). lane_settings: a
-        LaneSettings or any object with its fields; clock: a StageClock; query_engine: an Engine on
-        the same weights for interactive batches (query_lane.py). on_piece and release: completion.py;
-        backlog_us: the resolved `inline_backlog_us` (None: never run whole)."""
+    def __init__(self, engine, on_complete: Callable[[Request], None], settings: ServiceSettings = ServiceSettings(), *,
+                 clock=None, on_piece: Callable | None = None, release: Callable[[Request], None] | None = None,
+                 query_engine=None):
+        """settings: the limits and lanes (service_settings.py); clock: a StageClock; query_engine: an
+        Engine on the same weights for interactive batches (query_lane.py); on_piece and release:
+        completion.py."""
         super().__init__("rose-scheduler")
-        self.engine, self.on_piece, self.inline = engine, on_piece, inline
+        self.engine, self.on_piece, self.inline, self.settings = engine, on_piece, settings.inline, settings
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
-        self.whole_runs, self._whole = WholeRuns(backlog_us), False     # _whole: the inline request runs whole
+        self.whole_runs, self._whole = WholeRuns(settings.backlog_us), False     # _whole: the inline request runs whole
         self._admitted = 0                                   # requests admitted by submit() (done.finished: answered)
-        self.scheduler = Scheduler(max_batch_tokens, max_batch_seqs, bulk_threshold_tokens=lane_settings.bulk_threshold_tokens,
-                                   bulk_min_share=lane_settings.bulk_min_share)
-        self.lanes = LanePolicy.of(lane_settings, engine)
-        self.max_inflight, self.max_queued_tokens = max(1, max_inflight), max_queued_tokens   # 0: unbounded
+        self.scheduler = Scheduler(settings.max_batch_tokens, settings.max_batch_seqs,
+                                   bulk_threshold_tokens=settings.bulk_threshold_tokens, bulk_min_share=settings.bulk_min_share)
+        self.lanes = LanePolicy.of(settings, engine)
+        self.max_inflight, self.max_queued_tokens = max(1, settings.max_inflight), settings.max_queued_tokens
         self.stats = ServiceStats()
         self.inflight: deque[tuple[ScheduledBatch, object]] = deque()     # on the main engine, oldest first
         self.query = None if query_engine is None else QueryLane(query_engine)
-        self._host_memory = HostMemoryTrimmer(host_memory_trim)
-        self.done = Completion(on_complete, on_piece, release or drop_caller_objects, clock, self.stats, response_threads)
+        self._host_memory = HostMemoryTrimmer(settings.host_memory_trim)
+        self.done = Completion(on_complete, on_piece, release or drop_caller_objects, clock, self.stats,
+                               settings.response_threads)
         self._thread.start()
 
     # ---- any thread -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The config.pbtxt parameters of the served models, parsed once into checked settings objects.
 
     settings = RoseSettings.from_model_config(args["model_config"])      # in initialize()
-    settings.max_batch_tokens                                            # 16384 unless config.pbtxt says
+    settings.max_batch_tokens                                            # BATCH_TOKENS unless config.pbtxt says
 
 Each dataclass below is the one place a model's parameters, types and defaults are written down in
 code; docs/OPERATIONS.md says what each means, and it and model_repository/*/config.pbtxt state the
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rose_backend.serving.lanes import parse_bulk_batch_ms
 from rose_backend.serving.memory import HostMemoryTrimmer
+from rose_backend.serving.service_settings import ServiceSettings as _S
 from rose_backend.serving.warmup import parse_precapture
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -79,7 +80,8 @@ class _Settings:
 @dataclass(frozen=True)
 class RoseSettings(_Settings):
     """Parameters of `rose` (token ids -> embeddings), all optional: their meanings are
-    docs/OPERATIONS.md's tables, their types and defaults the fields below."""
+    docs/OPERATIONS.md's tables, their types and defaults the fields below (the service's own from
+    ServiceSettings, `_S`)."""
     MODEL = "rose"
     MINIMUM = {"max_batch_tokens": 1, "max_batch_seqs": 1, "max_inflight": 1, "response_threads": 0,
                "max_queued_tokens": 0, "max_request_seqs": 1, "max_request_tokens": 1, "drain_timeout_s": 0,
@@ -94,30 +96,30 @@ class RoseSettings(_Settings):
     dtype: str = ""
     fp8_min_tokens: int = 0
     attention: str = ""
-    max_batch_tokens: int = 16384        # graph_cache.BATCH_TOKENS / BATCH_SEQS, written out: this module is
-    max_batch_seqs: int = 64             # imported by the tokenize stubs, which need no torch (test_settings.py)
-    max_inflight: int = 2
-    response_threads: int = 4
-    host_memory_trim: str = "idle"
+    max_batch_tokens: int = _S.max_batch_tokens
+    max_batch_seqs: int = _S.max_batch_seqs
+    max_inflight: int = _S.max_inflight
+    response_threads: int = _S.response_threads
+    host_memory_trim: str = _S.host_memory_trim
     precapture: str = ""
-    max_queued_tokens: int = 1 << 20
+    max_queued_tokens: int = _S.max_queued_tokens
     max_request_seqs: int = 4096
     max_request_tokens: int = 1 << 20
     drain_timeout_s: int = 20
     inline_execute: str = "auto"
-    inline_backlog_us: int = 150
+    inline_backlog_us: int = _S.backlog_us
     cuda_graphs: str = "auto"
     gpu_memory_headroom_mb: int = 0
     graph_memory_mb: int = 4096
     memory_limit_mb: int = 0
     quantization_ranges: str = ""
-    bulk_threshold_tokens: int = 8192
-    bulk_min_share: float = 0.25
-    bulk_batch_tokens: int = 6144
-    bulk_max_inflight: int = 2
-    interactive_recent_ms: int = 1000
+    bulk_threshold_tokens: int = _S.bulk_threshold_tokens
+    bulk_min_share: float = _S.bulk_min_share
+    bulk_batch_tokens: int = _S.bulk_batch_tokens
+    bulk_max_inflight: int = _S.bulk_max_inflight
+    interactive_recent_ms: int = _S.interactive_recent_ms
     interactive_stream: str = "off"
-    bulk_batch_ms: str = "auto"
+    bulk_batch_ms: str = _S.bulk_batch_ms
 
     def __post_init__(self):
         self._check()

@@ -38,6 +38,7 @@ from rose_backend.serving.outputs import (TOKEN_INPUTS, OutputOptions, build_out
                                           parse_options, refuse_token_inputs, special_token_ids, with_token_inputs)
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
@@ -132,13 +133,10 @@ class RoseModel(DecoupledModel):
             inline = "true" if self.engine.device.type == "cuda" else "false"
         on_piece = functools.partial(collect_piece, skip_ids=special_token_ids(cfg.model_dir)
                                      if self.engine.heads is not None else None)    # heads, late chunking
-        return EmbeddingService(
-            self.engine, self._respond, max_batch_tokens=s.max_batch_tokens, max_batch_seqs=s.max_batch_seqs,
-            max_inflight=s.max_inflight, max_queued_tokens=s.max_queued_tokens,
-            inline=inline == "true", clock=self.clock, on_piece=on_piece,
-            response_threads=s.response_threads, host_memory_trim=s.host_memory_trim, lane_settings=s,
-            release=_release, query_engine=query_engine,
-            backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us)
+        settings = ServiceSettings.of(s, inline=inline == "true",
+                                      backlog_us=None if s.inline_backlog_us < 0 else s.inline_backlog_us)
+        return EmbeddingService(self.engine, self._respond, settings, clock=self.clock, on_piece=on_piece,
+                                release=_release, query_engine=query_engine)
 
     @staticmethod
     def _device(choice: str, args, torch) -> str:

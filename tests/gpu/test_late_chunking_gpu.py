@@ -14,6 +14,7 @@ from rose_backend.engine.options import EngineOptions
 from rose_backend.serving.outputs import OutputOptions, build_outputs, collect_piece, with_token_inputs
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.serving.validation import RequestLimits
 from rose_testing.compare import cos_dist
 from rose_testing.late_reference import late_chunk_reference
@@ -52,7 +53,7 @@ def test_chunk_vectors_on_cuda_match_transformers(folders, name):
     plan = LateChunker(tok, 16).plan(documents)
     engine = Engine(cfg, "cuda", EngineOptions(graphs=True))
     done = threading.Event()
-    service = EmbeddingService(engine, lambda r: done.set(), max_batch_tokens=128, max_batch_seqs=4,
+    service = EmbeddingService(engine, lambda r: done.set(), ServiceSettings(max_batch_tokens=128, max_batch_seqs=4),
                                on_piece=functools.partial(collect_piece, skip_ids=None))
     limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size)
     want = np.concatenate(late_chunk_reference(folder, documents, window=64, overlap=16))

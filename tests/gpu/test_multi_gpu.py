@@ -13,6 +13,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_testing.folders import make_folder
 from rose_testing.compare import cos_dist
 
@@ -27,7 +28,7 @@ def _serve(engine: Engine, requests: list[Request]) -> list[np.ndarray]:
         if len(done) == len(requests):
             finished.set()
 
-    svc = EmbeddingService(engine, on_complete, max_batch_tokens=4096, max_batch_seqs=16)
+    svc = EmbeddingService(engine, on_complete, ServiceSettings(max_batch_tokens=4096, max_batch_seqs=16))
     try:
         for r in requests:
             svc.submit(r)

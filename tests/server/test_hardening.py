@@ -19,6 +19,7 @@ from rose_backend.engine.engine import Engine
 from rose_backend.serving.scheduler import Request, ScheduledBatch, Scheduler
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Overloaded, ShuttingDown, is_out_of_memory
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_testing.waiting import wait_until
 from rose_client import ConnectionLost, ServerError, StreamConnection
 from rose_testing.compare import cos_dist
@@ -114,7 +115,7 @@ def test_other_engine_errors_fail_the_batch_not_the_service(engine):
 
     rng = np.random.default_rng(3)
     a, b = random_request(rng, 2), random_request(rng, 2)
-    svc = EmbeddingService(Broken(), lambda r: None, max_batch_tokens=4096)
+    svc = EmbeddingService(Broken(), lambda r: None, ServiceSettings(max_batch_tokens=4096))
     try:
         svc.submit(a)
         assert wait_until(lambda: a.finished, 30)
@@ -151,7 +152,7 @@ def test_split_keeps_rows_and_balances_tokens():
 def test_cancelled_request_leaves_the_pool_and_is_not_computed(engine):
     slow = Slow(engine, 0.05)
     done = []
-    svc = EmbeddingService(slow, done.append, max_batch_tokens=64, max_batch_seqs=4)
+    svc = EmbeddingService(slow, done.append, ServiceSettings(max_batch_tokens=64, max_batch_seqs=4))
     flag = threading.Event()
     try:
         r = Request(np.full(200 * 16, 2000, np.int32), np.full(200, 16, np.int32), is_cancelled=flag.is_set)
@@ -175,7 +176,8 @@ def test_cancelled_request_leaves_the_pool_and_is_not_computed(engine):
 
 def test_overloaded_answers_at_once(engine):
     slow = Slow(engine, 0.2)
-    svc = EmbeddingService(slow, lambda r: None, max_batch_tokens=64, max_batch_seqs=4, max_queued_tokens=500)
+    svc = EmbeddingService(slow, lambda r: None,
+                           ServiceSettings(max_batch_tokens=64, max_batch_seqs=4, max_queued_tokens=500))
     try:
         svc.submit(Request(np.full(400, 2000, np.int32), np.full(25, 16, np.int32)))
         t0 = time.monotonic()
@@ -190,7 +192,7 @@ def test_stop_answers_every_request_within_the_drain_time(engine):
     slow = Slow(engine, 0.1)
     done = []
     # inline off: submitted one by one to an idle service, each request would run on this thread
-    svc = EmbeddingService(slow, done.append, max_batch_tokens=64, max_batch_seqs=4, inline=False)
+    svc = EmbeddingService(slow, done.append, ServiceSettings(max_batch_tokens=64, max_batch_seqs=4, inline=False))
     requests = [Request(np.full(64, 2000 + i, np.int32), np.full(4, 16, np.int32)) for i in range(40)]
     for r in requests:
         svc.submit(r)

@@ -11,6 +11,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.lanes import LanePolicy, parse_lane
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.triton.model_settings import RoseSettings
 from rose_testing.waiting import wait_until
 from support.requests import uniform_request
@@ -74,8 +75,8 @@ class HeldEngine:
 def service(eng, done, **lanes):
     settings = RoseSettings(**{"bulk_batch_tokens": 6144, "bulk_max_inflight": 2, "interactive_recent_ms": 1000,
                                **lanes})
-    return EmbeddingService(eng, done.append, max_batch_tokens=256, max_batch_seqs=16, max_inflight=2,
-                            inline=False, lane_settings=settings)
+    return EmbeddingService(eng, done.append,
+                            ServiceSettings.of(settings, max_batch_tokens=256, max_batch_seqs=16, max_inflight=2, inline=False))
 
 
 def test_an_interactive_request_launches_while_a_bulk_batch_is_in_flight(engine):
@@ -182,8 +183,8 @@ def test_stop_drains_bulk_held_back(engine):
 def test_a_full_pool_of_bulk_refuses_bulk_but_admits_queries(engine):
     from rose_backend.serving.outcomes import Overloaded
     eng, done = HeldEngine(engine), []
-    svc = EmbeddingService(eng, done.append, max_batch_tokens=256, max_batch_seqs=16, max_queued_tokens=1024,
-                           inline=False)
+    svc = EmbeddingService(eng, done.append,
+                           ServiceSettings(max_batch_tokens=256, max_batch_seqs=16, max_queued_tokens=1024, inline=False))
     try:
         first = request(12, 16, 64, lane="bulk")           # 1024 tokens: 512 in flight, 512 queued
         svc.submit(first)

@@ -12,6 +12,7 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.lanes import CPU_BULK_BATCH_MS, BatchCost, LanePolicy, bulk_batch_seconds, runs_in_step
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.triton.model_settings import RoseSettings
 from rose_testing.waiting import wait_until
 from support.requests import uniform_request as request
@@ -46,8 +47,8 @@ class GatedEngine:
 
 
 def service(eng, done, **settings):
-    return EmbeddingService(eng, done.append, max_batch_tokens=256, max_batch_seqs=16, max_inflight=2,
-                            lane_settings=RoseSettings(**settings))
+    return EmbeddingService(eng, done.append,
+                            ServiceSettings.of(RoseSettings(**settings), max_batch_tokens=256, max_batch_seqs=16, max_inflight=2))
 
 
 def test_bulk_batches_hold_about_bulk_batch_ms_and_a_query_gets_the_next_batch(engine):
@@ -95,8 +96,8 @@ def test_a_bulk_request_within_the_batch_limits_is_not_run_whole_past_the_cap(en
 
 def test_the_time_cap_holds_beside_a_query_engine_too(engine):
     eng, done = GatedEngine(engine), []              # interactive_stream=on on a CPU instance
-    svc = EmbeddingService(eng, done.append, max_batch_tokens=256, max_batch_seqs=16, inline=False,
-                           lane_settings=RoseSettings(bulk_batch_ms="1"),
+    svc = EmbeddingService(eng, done.append,
+                           ServiceSettings.of(RoseSettings(bulk_batch_ms="1"), max_batch_tokens=256, max_batch_seqs=16, inline=False),
                            query_engine=Engine(engine.cfg, weights_from=engine))
     try:
         bulk = request(6, 6, 64, lane="bulk")
@@ -155,5 +156,5 @@ def test_bulk_batch_ms_resolves_per_device_and_is_refused_on_a_gpu():
         class device:
             type = "cuda"
     with pytest.raises(ValueError, match="bulk_batch_ms"):
-        EmbeddingService(Gpu(), lambda r: None, lane_settings=RoseSettings(bulk_batch_ms="50"))
+        EmbeddingService(Gpu(), lambda r: None, ServiceSettings.of(RoseSettings(bulk_batch_ms="50")))
     assert not runs_in_step(Gpu()) and LanePolicy.of(RoseSettings(), Gpu()).bulk_batch_s == 0.0

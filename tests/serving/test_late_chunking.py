@@ -14,6 +14,7 @@ from rose_backend.engine.options import EngineOptions
 from rose_backend.serving.outputs import OutputOptions, build_outputs, collect_piece, with_token_inputs
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.serving.validation import RequestLimits
 from rose_testing.compare import cos_dist
 from rose_testing.late_reference import late_chunk_reference
@@ -99,7 +100,8 @@ def run_through_rose(folder, plan, max_batch_tokens=96):
     cfg = ModelConfig.from_folder(folder)
     engine = Engine(cfg)
     done = threading.Event()
-    service = EmbeddingService(engine, lambda r: done.set(), max_batch_tokens=max_batch_tokens, max_batch_seqs=4,
+    service = EmbeddingService(engine, lambda r: done.set(),
+                               ServiceSettings(max_batch_tokens=max_batch_tokens, max_batch_seqs=4),
                                on_piece=functools.partial(collect_piece, skip_ids=None))
     try:
         limits = RequestLimits(max_seq_len=cfg.max_positions, vocab_size=cfg.vocab_size)

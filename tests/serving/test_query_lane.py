@@ -10,6 +10,7 @@ from test_lanes import HeldEngine, expected
 from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.triton.model_settings import RoseSettings
 from rose_testing.waiting import wait_until
 from support.requests import uniform_request as request
@@ -22,8 +23,9 @@ def engines(minilm_shaped_dir):
 
 
 def service(main, query, done):
-    return EmbeddingService(main, done.append, max_batch_tokens=256, max_batch_seqs=16, max_inflight=2,
-                            inline=False, lane_settings=RoseSettings(), query_engine=query)
+    return EmbeddingService(main, done.append,
+                            ServiceSettings.of(RoseSettings(), max_batch_tokens=256, max_batch_seqs=16, max_inflight=2, inline=False),
+                            query_engine=query)
 
 
 def test_the_query_engine_runs_the_main_engines_weights_with_buffers_of_its_own(engines):

@@ -12,7 +12,8 @@ from rose_backend.config import ModelConfig
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.options import EngineOptions
 from rose_backend.serving.service import EmbeddingService
-from rose_backend.serving.whole_runs import BATCH_HOLD_S
+from rose_backend.serving.service_settings import ServiceSettings
+from rose_backend.serving import whole_runs
 from rose_testing.waiting import wait_until
 from rose_backend.serving.stage_clock import StageClock
 from support.requests import uniform_request
@@ -80,8 +81,9 @@ def test_a_request_of_a_backlog_is_launched_here_and_answered_by_the_loop(engine
     gate.open.set()
     for backlog_us, whole in ((60_000_000, 1), (None, 0)):
         done, where = [], {}
-        svc = EmbeddingService(gate, lambda r: (done.append(r), where.__setitem__(id(r), threading.current_thread().name)),
-                               backlog_us=backlog_us)
+        svc = EmbeddingService(gate,
+                               lambda r: (done.append(r), where.__setitem__(id(r), threading.current_thread().name)),
+                               ServiceSettings(backlog_us=backlog_us))
         try:
             first, second = request(2), request(3)
             svc.submit(first)
@@ -108,7 +110,7 @@ def test_a_request_sent_after_the_answer_is_no_sign_of_concurrent_traffic(engine
         if len(done) == 2:
             time.sleep(0.2)                           # the caller has its answer; the send still returns
 
-    svc = EmbeddingService(gate, answer, backlog_us=50_000)
+    svc = EmbeddingService(gate, answer, ServiceSettings(backlog_us=50_000))
     try:
         svc.submit(request(19))                       # run whole
         svc.submit(request(20))                       # a backlog: the loop thread answers it
@@ -130,7 +132,7 @@ def test_a_request_arriving_right_after_an_answer_waits_for_the_loop_thread_and_
     gate = Gate(engine)
     gate.open.set()
     done = []
-    svc = EmbeddingService(gate, done.append, backlog_us=50_000)
+    svc = EmbeddingService(gate, done.append, ServiceSettings(backlog_us=50_000))
     try:
         for seed in range(8):
             svc.submit(request(seed))                 # a backlog each: launched here, answered by the loop
@@ -161,7 +163,7 @@ def test_a_concurrent_load_still_forms_batches(engine):
 def test_requests_arriving_during_an_inline_step_queue_and_keep_their_order(engine):
     gate = Gate(engine)
     done = []
-    svc = EmbeddingService(gate, done.append, response_threads=0)    # answers in computing order
+    svc = EmbeddingService(gate, done.append, ServiceSettings(response_threads=0))    # answers in computing order
     first, later = request(1), [request(i) for i in range(2, 6)]
     try:
         t = pooled_behind_an_inline_step(svc, gate, first, later)   # the engine is busy inline: pooled
@@ -181,7 +183,7 @@ def test_inline_off_and_oversized_requests_use_the_scheduler_thread(engine):
     gate.open.set()
     for kw, r in (({"inline": False}, request(7)), ({"max_batch_tokens": 16}, request(8))):
         done = []
-        svc = EmbeddingService(gate, done.append, **kw)
+        svc = EmbeddingService(gate, done.append, ServiceSettings(**kw))
         try:
             gate.threads.clear()
             svc.submit(r)
@@ -195,7 +197,7 @@ def test_stage_clock_times_every_stage_of_a_request(engine, tmp_path, monkeypatc
     monkeypatch.setenv("ROSE_STAGE_TIMES", str(tmp_path))
     clock = StageClock.from_env("rose")
     engine.mark_stages = True
-    svc = EmbeddingService(engine, lambda r: None, clock=clock, response_threads=0)
+    svc = EmbeddingService(engine, lambda r: None, ServiceSettings(response_threads=0), clock=clock)
     try:
         for i in range(5):
             r = request(20 + i)
@@ -219,7 +221,8 @@ def test_stage_clock_times_every_stage_of_a_request(engine, tmp_path, monkeypatc
     assert abs(lines[-1]["marks"][-1][1] - time.clock_gettime_ns(time.CLOCK_MONOTONIC)) < 60e9
 
 
-def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(engine):
+def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(engine, monkeypatch):
+    monkeypatch.setattr(whole_runs, "BATCH_HOLD_S", 1.0)    # the hold outlasts a loaded machine's pauses
     gate = Gate(engine)
     done, where, lock = [], {}, threading.Lock()
 
@@ -229,7 +232,7 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(
             done.append(r)
             where.setdefault(id(r), []).append(threading.current_thread().name)
 
-    svc = EmbeddingService(gate, answer, response_threads=3)
+    svc = EmbeddingService(gate, answer, ServiceSettings(response_threads=3))
     first, later = request(40), [request(41 + i, n=1) for i in range(6)]
     try:
         t = pooled_behind_an_inline_step(svc, gate, first, later)   # pooled: batched together
@@ -239,12 +242,12 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(
         assert all(len(where[id(r)]) == 1 and r.error is None for r in [first] + later)   # once each
         assert {where[id(r)][0] for r in later} <= {f"rose-responder-{i}" for i in range(3)}
         assert len({where[id(r)][0] for r in later}) > 1                                 # side by side
-        for i, r in enumerate(later):
-            np.testing.assert_allclose(r.output, engine.embed([r.input_ids.tolist()]), atol=1e-5, err_msg=str(i))
         soon = request(49)                       # concurrent traffic just now: launched here, not run whole
         svc.submit(soon)
         assert wait_until(lambda: len(done) == 8, 30) and where[id(soon)] != [threading.current_thread().name]
-        time.sleep(BATCH_HOLD_S + 0.05)
+        for i, r in enumerate(later):
+            np.testing.assert_allclose(r.output, engine.embed([r.input_ids.tolist()]), atol=1e-5, err_msg=str(i))
+        time.sleep(whole_runs.BATCH_HOLD_S + 0.05)
         lone = request(50)                       # idle for BATCH_HOLD_S: no hand-over at all
         svc.submit(lone)
         assert len(done) == 9 and where[id(lone)] == [threading.current_thread().name]
@@ -256,7 +259,7 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(
 def test_stop_returns_after_every_handed_over_answer_is_sent(engine):
     gate = Gate(engine)
     done = []
-    svc = EmbeddingService(gate, lambda r: (time.sleep(0.05), done.append(r)), response_threads=2)
+    svc = EmbeddingService(gate, lambda r: (time.sleep(0.05), done.append(r)), ServiceSettings(response_threads=2))
     t = pooled_behind_an_inline_step(svc, gate, request(60), [request(61 + i, n=1) for i in range(8)])
     gate.open.set()
     t.join(30)
@@ -298,7 +301,7 @@ def test_run_lone_answers_one_sequence_on_the_calling_thread_once_its_graph_is_c
     engine = Engine(ModelConfig.from_folder(minilm_shaped_dir),
                     options=EngineOptions(graphs=True, max_tokens=512, max_seqs=8))
     rows = []
-    svc = EmbeddingService(engine, lambda r: None, backlog_us=200_000)
+    svc = EmbeddingService(engine, lambda r: None, ServiceSettings(backlog_us=200_000))
     try:
         r = request(70, n=1, length=40)
         assert not svc.run_lone(r.input_ids, rows.append)               # no graph yet

@@ -13,6 +13,7 @@ from rose_backend.serving.outputs import (OutputOptions, build_outputs, collect_
                                           sparse_outputs)
 from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
+from rose_backend.serving.service_settings import ServiceSettings
 from rose_testing.waiting import wait_until
 
 ALL = OutputOptions(frozenset({"EMBEDDINGS", "SPARSE_IDS", "SPARSE_WEIGHTS", "SPARSE_LENS", "COLBERT", "COLBERT_LENS"}),
@@ -105,7 +106,7 @@ def test_service_split_requests_equal_one_batch(engine):
             done.append((r, dict(build_outputs(r, ALL, engine.cfg.normalize, None))))
             where.append(threading.current_thread().name)
 
-    svc = EmbeddingService(engine, answer, max_batch_tokens=16, max_batch_seqs=3, inline=False,
+    svc = EmbeddingService(engine, answer, ServiceSettings(max_batch_tokens=16, max_batch_seqs=3, inline=False),
                            on_piece=functools.partial(collect_piece, skip_ids=SKIP))
     try:
         for r in reqs:
@@ -126,7 +127,7 @@ def test_service_split_requests_equal_one_batch(engine):
 
 
 def test_token_outputs_without_a_handler_are_refused(engine):
-    svc = EmbeddingService(engine, lambda r: None, inline=False)
+    svc = EmbeddingService(engine, lambda r: None, ServiceSettings(inline=False))
     rng = np.random.default_rng(1)
     try:
         with pytest.raises(ValueError, match="no on_piece handler"):

@@ -51,9 +51,10 @@ def drain(scheduler, **kw) -> list:
 def run_service(engine, requests, **kw):
     """An EmbeddingService on `engine` (kw: its settings) answering `requests`: (service, answered in order)."""
     from rose_backend.serving.service import EmbeddingService
+    from rose_backend.serving.service_settings import ServiceSettings
     from rose_testing.waiting import wait_until
     done = []
-    svc = EmbeddingService(engine, done.append, **kw)
+    svc = EmbeddingService(engine, done.append, ServiceSettings(**kw))
     try:
         for r in requests:
             svc.submit(r)

@@ -2,13 +2,11 @@
 defaults are the ones config.pbtxt and docs/OPERATIONS.md's tables state, and whose bad values are
 refused with an error naming the model and the parameter."""
 import dataclasses
-import inspect
 import re
 from pathlib import Path
 
 import pytest
 
-from rose_backend.serving.service import EmbeddingService
 from rose_backend.triton.model_settings import RoseSettings, TokenizeSettings
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
@@ -55,18 +53,20 @@ def test_config_pbtxt_and_the_docs_state_the_code_defaults(cls, model):
             assert stated == _shown(default) or stated.startswith(_shown(default) + " "), (name, default, stated)
 
 
-def test_embedding_service_defaults_are_the_settings():
-    """The serving core knows nothing of config.pbtxt: its defaults are written beside its code, and
-    must be the `rose` parameters' own."""
-    sig = inspect.signature(EmbeddingService.__init__).parameters
-    for name in ("max_batch_tokens", "max_batch_seqs", "max_inflight", "max_queued_tokens", "response_threads",
-                 "host_memory_trim"):
-        assert sig[name].default == getattr(RoseSettings(), name), name
-    from rose_backend.engine.graph_cache import BATCH_SEQS, BATCH_TOKENS
-    assert (RoseSettings().max_batch_tokens, RoseSettings().max_batch_seqs) == (BATCH_TOKENS, BATCH_SEQS)
-    lanes = sig["lane_settings"].default
-    for f in dataclasses.fields(lanes):
-        assert getattr(lanes, f.name) == getattr(RoseSettings(), f.name), f.name
+def test_the_service_defaults_are_the_rose_parameters_defaults():
+    """The serving core knows nothing of config.pbtxt: its defaults live in ServiceSettings (and
+    batch_limits), and the `rose` parameters of the same names take them from there."""
+    from rose_backend.engine.batch_limits import BATCH_SEQS, BATCH_TOKENS
+    from rose_backend.serving.service_settings import ServiceSettings
+    service, rose = ServiceSettings(), RoseSettings()
+    shared = [f.name for f in dataclasses.fields(ServiceSettings) if hasattr(rose, f.name)]
+    assert len(shared) == 12
+    for name in shared:
+        assert getattr(rose, name) == getattr(service, name), name
+    assert rose.inline_backlog_us == service.backlog_us
+    assert (rose.max_batch_tokens, rose.max_batch_seqs) == (BATCH_TOKENS, BATCH_SEQS)
+    assert ServiceSettings.of(RoseSettings(max_inflight=3), inline=False) == dataclasses.replace(
+        service, max_inflight=3, inline=False)
 
 
 def test_parses_types_and_keeps_defaults_for_empty_values():
