@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
-from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.launch.tritonserver import ServerOptions, TritonProcess
 from rose_bench.record import command_line, git_commit, host_info
 from rose_client.transport import StreamConnection
 
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         log = Path(tmp) / "server.log"
         stage_dir = Path(tmp) / "stages"
         env = dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)) if args.stage_times else None
-        srv = TritonProcess(folder, repo, free_ports(), log_file=log, env=env, extra_args=args.server_arg)
+        srv = TritonProcess(folder, repo, free_ports(), log_file=log, env=env,
+                            options=ServerOptions(extra_args=tuple(args.server_arg)))
         srv.start()
         try:
             srv.wait_ready(900)

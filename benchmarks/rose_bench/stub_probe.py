@@ -31,9 +31,9 @@ def run(requests: int, gap_ms: float, work: Path, ask_cancelled: bool = False) -
     import tritonclient.grpc as grpcclient
 
     from rose_backend.launch.deployment import free_ports
-    from rose_backend.launch.tritonserver import TritonProcess
+    from rose_backend.launch.tritonserver import ServerOptions, TritonProcess
     out = work / "probe.json"
-    srv = TritonProcess(None, REPOSITORY, free_ports(), log_file=work / "triton.log", exit_timeout=10,
+    srv = TritonProcess(None, REPOSITORY, free_ports(), log_file=work / "triton.log", options=ServerOptions(exit_timeout=10),
                         env=dict(os.environ, ROSE_PROBE_OUT=str(out), ROSE_PROBE_ASK_CANCELLED=str(int(ask_cancelled))),
                         models=("stub_probe",))
     srv.start()

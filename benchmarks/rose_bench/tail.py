@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
-from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.launch.tritonserver import ServerOptions, TritonProcess
 from rose_testing.folders import make_folder
 from rose_bench.host_path import text_input, triton_metric
 from rose_bench.perf import run_perf_analyzer
@@ -120,7 +120,8 @@ def one_variant(folder: Path, model: str, variant: str, work: Path, args) -> dic
         extra = ["--trace-config", f"triton,file={trace}", "--trace-config", "level=TIMESTAMPS",
                  "--trace-config", "rate=1", "--trace-config", "count=-1", "--trace-config", "log-frequency=0"]
     env = dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir), **env_extra)
-    srv = TritonProcess(str(folder), repo, free_ports(), log_file=work / f"triton-{tag}.log", env=env, extra_args=extra)
+    srv = TritonProcess(str(folder), repo, free_ports(), log_file=work / f"triton-{tag}.log", env=env,
+                        options=ServerOptions(extra_args=tuple(extra)))
     out: dict = {"variant": variant}
     measured_from = 0
     t0 = time.monotonic()

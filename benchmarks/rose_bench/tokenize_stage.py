@@ -161,7 +161,7 @@ def plain_embed_repository(dest: Path) -> Path:
 
 def through_server(model_dir: str | None, per_client: int, work: Path, repo: Path, served_models: tuple) -> dict:
     from rose_backend.launch.deployment import free_ports, served_models as models_of
-    from rose_backend.launch.tritonserver import TritonProcess
+    from rose_backend.launch.tritonserver import ServerOptions, TritonProcess
     from rose_ensemble.tokenization import TextTokenizer
     tok = TextTokenizer.from_folder(model_dir)
     texts = [words_text(tok.tokenizer, 128, 2000 + i) for i in range(32)]
@@ -170,7 +170,7 @@ def through_server(model_dir: str | None, per_client: int, work: Path, repo: Pat
     shutil.rmtree(stage_dir, ignore_errors=True)
     ports = free_ports()
     srv = TritonProcess(model_dir, repo, ports, log_file=work / "triton.log",
-                        env=dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)), exit_timeout=10,
+                        env=dict(os.environ, ROSE_STAGE_TIMES=str(stage_dir)), options=ServerOptions(exit_timeout=10),
                         models=tuple(m for m in models_of(model_dir) if (repo / m).exists()))   # the plain repo has no twin
     metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
     steps = [m for m in ("tokenize", "tokenize_batched") if (repo / m).exists()]

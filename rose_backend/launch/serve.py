@@ -36,7 +36,7 @@ from rose_backend.launch.keys import exposure_warning, launch_keys
 from rose_backend.launch.stub_watch import StubWatch, StubWatchFailed
 from rose_backend.launch.supervision import KILL_BY_S, StopRequested, drain_timeout_of
 from rose_backend.launch.triton_install import LaunchError
-from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.launch.tritonserver import ServerOptions, TritonProcess
 from rose_backend.processes import PortInUse, check_ports_free, set_parent_death_signal
 
 
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i]
         try:
-            servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), args.address, env=env,
-                                         verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key,
-                                         reranker=args.reranker))
+            options = ServerOptions(args.address, verbose=args.verbose, api_key=keys.api_key, admin_key=keys.admin_key)
+            servers.append(TritonProcess(args.model, args.repository, base.shifted(10 * i), env=env,
+                                         reranker=args.reranker, options=options))
         except ModelFolderError as e:           # the folder's problem in one line, no traceback
             print(f"rose: {e}", file=sys.stderr)
             return 1

@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rose_backend.launch.argv_scrub import options_read, scrub_argv
@@ -30,38 +31,52 @@ from rose_backend.triton.server_restarts import RESTARTS_VARIABLE
 from rose_client.auth import check_key
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a TritonProcess runs, beside what it serves. address: the one its three ports listen on;
+    extra_args: more tritonserver options (not the protocol restrictions: the keys do that);
+    verbose: --log-verbose; die_with_parent: SIGKILL when the thread that start()ed it dies (start
+    servers from a thread that outlives them); exit_timeout: --exit-timeout-secs (None:
+    exit_timeout_for()); api_key / admin_key: see TritonProcess."""
+    address: str = "127.0.0.1"
+    extra_args: tuple[str, ...] = ()
+    verbose: int = 0
+    die_with_parent: bool = True
+    exit_timeout: int | None = None
+    api_key: str | None = None
+    admin_key: str | None = None
+
+
 class TritonProcess(ChildProcess):
     """One tritonserver process serving a model repository; a context manager.
 
-    Its control plane (model repository, shared memory, trace, logging) is restricted, over HTTP and gRPC, under `admin_key`: the one given, else $ADMIN_KEY, else a
-    fresh random key per start (send rose_client.auth.grpc_admin_headers(srv.admin_key)). With an
-    `api_key`, inference, metadata, model config and statistics require it. Health stays open. Once the server has
-    read its options the keys are overwritten in its command line (argv_scrub.py)."""
+    Its control plane (model repository, shared memory, trace, logging) is restricted, over HTTP and
+    gRPC, under `options.admin_key`: the one given, else $ADMIN_KEY, else a fresh random key per start
+    (send rose_client.auth.grpc_admin_headers(srv.admin_key)). With an `api_key`, inference, metadata,
+    model config and statistics require it. Health stays open. Once the server has read its options
+    the keys are overwritten in its command line (argv_scrub.py)."""
 
     def __init__(self, model_dir: str | None = None, repository: str | Path = DEFAULT_REPOSITORY,
-                 ports: Ports | None = None, address: str = "127.0.0.1", log_file: str | Path | None = None,
-                 extra_args: list[str] | None = None, env: dict | None = None, verbose: int = 0,
-                 models: tuple[str, ...] | None = None, die_with_parent: bool = True,
-                 exit_timeout: int | None = None, api_key: str | None = None, admin_key: str | None = None,
-                 reranker: str | None = None):
+                 ports: Ports | None = None, *, log_file: str | Path | None = None, env: dict | None = None,
+                 models: tuple[str, ...] | None = None, reranker: str | None = None,
+                 options: ServerOptions = ServerOptions()):
         """models: those to load (None: served_models() for the project's repository, every model for
-        another). die_with_parent: SIGKILL when the thread that start()ed it dies, so start servers from a
-        thread that outlives them; exit_timeout: --exit-timeout-secs (default exit_timeout_for()). reranker:
-        a reranker folder served beside model_dir, from a repository made at start() and removed at stop()."""
+        another). reranker: a reranker folder served beside model_dir, from a repository made at
+        start() and removed at stop()."""
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.models, self.reranker, self.source_repository = models, reranker, self.repository
         if models is None and (reranker or (self.repository / "rose" / "config.pbtxt").exists()):
             self.models = served_models(model_dir, os.environ if env is None else env, reranker)
-        self.die_with_parent = die_with_parent
-        self.exit_timeout = exit_timeout_for(self.repository) if exit_timeout is None else exit_timeout
-        self.ports, self.address = ports or Ports(), address
-        self.log_file, self.extra_args, self.env, self.verbose = log_file, extra_args or [], env, verbose
+        self.die_with_parent = options.die_with_parent
+        self.exit_timeout = exit_timeout_for(self.repository) if options.exit_timeout is None else options.exit_timeout
+        self.ports, self.address = ports or Ports(), options.address
+        self.log_file, self.extra_args, self.env, self.verbose = log_file, list(options.extra_args), env, options.verbose
         if any(a.startswith(("--grpc-restricted-protocol", "--http-restricted-api")) for a in self.extra_args):
             raise LaunchError("extra_args restrict Triton's protocols, which TritonProcess does itself: "
-                              "pass api_key= / admin_key= instead")
-        self.api_key = check_key(api_key, "api_key")
-        self._fixed_admin_key = check_key(admin_key, "admin_key") or key_from(os.environ if env is None else env,
-                                                                              "ADMIN_KEY")
+                              "pass ServerOptions(api_key=..., admin_key=...) instead")
+        self.api_key = check_key(options.api_key, "api_key")
+        self._fixed_admin_key = check_key(options.admin_key, "admin_key") or key_from(
+            os.environ if env is None else env, "ADMIN_KEY")
         self.admin_key = self._fixed_admin_key or secrets.token_urlsafe(32)
         self.proc = None
         self.restarted = False                   # wait_ready started it once more (aborted_at_start)

@@ -20,6 +20,7 @@ from rose_testing.compare import cos_dist
 from support import leftovers
 from support.gateway import gateway_for
 from support.ports import free_ports
+from rose_backend.launch.tritonserver import ServerOptions
 from support.server import LOG_DIR, TEST_EXIT_TIMEOUT_S, WORKER, TritonProcess, stop_in_background
 
 TEXTS = ["a replica lost its stub", "the other one answers", "naïve café"]
@@ -31,8 +32,8 @@ def broken(server, minilm_shaped_dir):
     killed: Triton answers "not healthy"."""
     LOG_DIR.mkdir(exist_ok=True)
     srv = TritonProcess(str(minilm_shaped_dir), server.repository, free_ports(),
-                        log_file=LOG_DIR / f"dead-stub-{WORKER}.log", exit_timeout=TEST_EXIT_TIMEOUT_S,
-                        env=dict(os.environ))
+                        log_file=LOG_DIR / f"dead-stub-{WORKER}.log", env=dict(os.environ),
+                        options=ServerOptions(exit_timeout=TEST_EXIT_TIMEOUT_S))
     try:
         srv.start().wait_ready(300)
         stub = next(p for p, c in leftovers.processes([srv.shm_prefix]).items()

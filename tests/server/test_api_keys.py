@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.gateway import LOG_DIR, gateway_for
+from rose_backend.launch.tritonserver import ServerOptions
 from support.server import TEST_EXIT_TIMEOUT_S, WORKER, TritonProcess, free_ports
 
 from rose_testing.compare import cos_dist
@@ -52,8 +53,8 @@ def restricted():
     LOG_DIR.mkdir(exist_ok=True)
     log = LOG_DIR / f"restricted-{WORKER}server.log"
     log.unlink(missing_ok=True)
-    srv = TritonProcess(ports=free_ports(), log_file=log, api_key=KEY, admin_key=ADMIN,
-                        exit_timeout=TEST_EXIT_TIMEOUT_S)
+    srv = TritonProcess(ports=free_ports(), log_file=log,
+                        options=ServerOptions(exit_timeout=TEST_EXIT_TIMEOUT_S, api_key=KEY, admin_key=ADMIN))
     try:
         srv.start()
         srv.wait_ready(300)

@@ -118,9 +118,11 @@ def probe_repository(root):
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     from support.server import LOG_DIR, TEST_EXIT_TIMEOUT_S, TritonProcess, free_ports, stop_in_background
+    from rose_backend.launch.tritonserver import ServerOptions
     repo = probe_repository(tmp_path_factory.mktemp("probe"))
     LOG_DIR.mkdir(exist_ok=True)
-    srv = TritonProcess(None, repo, free_ports(), log_file=LOG_DIR / "probe.log", exit_timeout=TEST_EXIT_TIMEOUT_S)
+    srv = TritonProcess(None, repo, free_ports(), log_file=LOG_DIR / "probe.log",
+                        options=ServerOptions(exit_timeout=TEST_EXIT_TIMEOUT_S))
     try:
         srv.start().wait_ready(120, models=("probe", "probe_ensemble"))
         s = Stream(srv.grpc_url)

@@ -31,7 +31,7 @@ from support.perf_analyzer import WINDOWS, perf_analyzer_sh
 from tritonclient.utils import InferenceServerException
 
 from rose_backend.launch.keys import launch_keys
-from rose_backend.launch.tritonserver import TritonProcess
+from rose_backend.launch.tritonserver import ServerOptions, TritonProcess
 from rose_backend.launch.triton_install import LaunchError
 from rose_client import AccessDenied, EmbeddingClient
 from rose_client.auth import grpc_admin_headers, grpc_api_key_headers, http_api_key_headers
@@ -160,10 +160,10 @@ def test_keys_are_checked_and_never_echoed(tmp_path):
     with pytest.raises(ValueError, match="ADMIN_KEY must be"):
         TritonProcess(env={"ADMIN_KEY": "short"})
     with pytest.raises(ValueError, match="api_key must be") as e:
-        TritonProcess(api_key="has a space in it")
+        TritonProcess(options=ServerOptions(api_key="has a space in it"))
     assert "space in it" not in str(e.value)
-    with pytest.raises(LaunchError, match="pass api_key= / admin_key="):
-        TritonProcess(extra_args=["--grpc-restricted-protocol=inference:k=v"])
+    with pytest.raises(LaunchError, match=r"pass ServerOptions\(api_key=..., admin_key=...\)"):
+        TritonProcess(options=ServerOptions(extra_args=("--grpc-restricted-protocol=inference:k=v",)))
     assert len(TritonProcess().admin_key) >= 32 and TritonProcess().admin_key != TritonProcess().admin_key
     assert TritonProcess(env={"ADMIN_KEY": ADMIN_KEY}).admin_key == ADMIN_KEY
     (tmp_path / "key").write_text(API_KEY + "\n")

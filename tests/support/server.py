@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rose_backend.launch.deployment import DEFAULT_REPOSITORY, repository_copy  # noqa: F401
 from rose_backend.launch.serve import stop_all  # noqa: F401
-from rose_backend.launch.tritonserver import TritonProcess  # noqa: F401
+from rose_backend.launch.tritonserver import ServerOptions, TritonProcess  # noqa: F401
 from support.ports import free_ports  # noqa: F401
 
 LOG_DIR = Path(__file__).resolve().parents[1] / ".logs"
@@ -91,8 +91,8 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
         for _ in range(n):
             log = LOG_DIR / f"{name}-{WORKER}{next(_counter)}.log"
             log.unlink(missing_ok=True)
-            servers.append(process(model_dir, repo, free_ports(), log_file=log, exit_timeout=exit_timeout,
-                                         env={**os.environ, **(env or {})}, api_key=api_key).start())
+            servers.append(process(model_dir, repo, free_ports(), log_file=log, env={**os.environ, **(env or {})},
+                                   options=ServerOptions(exit_timeout=exit_timeout, api_key=api_key)).start())
         for s in servers:
             s.wait_ready(timeout)
         yield servers
