@@ -36,20 +36,20 @@ class AsyncEmbeddingClient:
     async def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
                     encoding: str = "float32", lane: str | None = None) -> np.ndarray:
         ask = Ask(dimensions=dimensions, encoding=encoding)
-        return (await self._run(self.sync.model, self.sync._text_chunks(texts, task, ask), len(texts), ask,
+        return (await self._run(self.sync.model, self.sync.text_chunks(texts, task, ask), len(texts), ask,
                                 lane)).dense
 
     async def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
                      dimensions: int | None = None, encoding: str = "float32", task: str | None = None,
                      lane: str | None = None) -> Encoded:
         ask = Ask(dense, sparse, colbert, dimensions, encoding)
-        return await self._run(self.sync.text_model(ask), self.sync._text_chunks(texts, task, ask), len(texts), ask,
+        return await self._run(self.sync.text_model(ask), self.sync.text_chunks(texts, task, ask), len(texts), ask,
                                lane)
 
     async def embed_tokens(self, token_lists: list[list[int]], dimensions: int | None = None,
                            encoding: str = "float32", lane: str | None = None) -> np.ndarray:
         ask = Ask(dimensions=dimensions, encoding=encoding)
-        return (await self._run(self.sync.token_model, self.sync._token_chunks(token_lists, ask), len(token_lists),
+        return (await self._run(self.sync.token_model, self.sync.token_chunks(token_lists, ask), len(token_lists),
                                 ask, lane)).dense
 
     async def embed_ragged(self, input_ids: np.ndarray, seq_lens: np.ndarray, dimensions: int | None = None,
@@ -77,7 +77,7 @@ class AsyncEmbeddingClient:
     async def embed_counted(self, texts: list[str], task: str | None = None, lane: str | None = None):
         """See EmbeddingClient.embed_counted."""
         ask = CountedAsk()
-        return await self._run(self.sync.text_model(ask), self.sync._text_chunks(texts, task, Ask()), len(texts), ask,
+        return await self._run(self.sync.text_model(ask), self.sync.text_chunks(texts, task, Ask()), len(texts), ask,
                                lane)
 
     async def rerank(self, query: str, documents: list[str], top_k: int | None = None,

@@ -33,19 +33,17 @@ ensemble only before the request's `rose` step has started).
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 
 from rose_client.auth import grpc_api_key_headers
 from rose_client.chunking import TextTokenCounter, chunk_ranges, estimate_text_tokens
-from rose_client.dispatch import AllReplicasDown, Attempt, Chunk, Job  # noqa: F401 (AllReplicasDown: raised from here)
+from rose_client.dispatch import AllReplicasDown, Chunk, Job  # noqa: F401 (AllReplicasDown: raised from here)
 from rose_client.encoded import Ask, Encoded
 from rose_client.late_chunks import Counted, CountedAsk, LateChunksAsk, document_chunks
-from rose_client.replica import Replica
+from rose_client.replica import ReplicaSet
 from rose_client.rerank import SCORES, pair_chunks, ranked
 from rose_client.token_requests import ragged_chunks, token_chunk_request
-from rose_client.transport import Channel, StreamConnection
 
 
 def parse_urls(urls: str | list[str]) -> list[str]:
@@ -94,14 +92,8 @@ class EmbeddingClient:
         self.backoff, self.max_backoff = backoff, max_backoff
         self.max_text_tokens = max_text_tokens
         self.counter = TextTokenCounter(tokenizer, None) if tokenizer else None
-        headers = grpc_api_key_headers(api_key)
-        self._replicas = [Replica(u, headers, channel_type=channel_type) for u in self.urls]
-        self._lock = threading.Lock()
-        self._waiters: set = set()
-        self._closed = False
-        with self._lock:
-            for r in self._replicas:                     # connect now: the first call finds a stream open
-                r.give_back(r.lease())
+        self.pool = ReplicaSet(self.urls, grpc_api_key_headers(api_key), channel_type, max_inflight_tokens,
+                               backoff, max_backoff)
 
     # ----------------------------------------------------------------------------- public API
     def embed(self, texts: list[str], task: str | None = None, dimensions: int | None = None,
@@ -111,7 +103,7 @@ class EmbeddingClient:
         first d dimensions (Matryoshka; normalized again if the model normalizes). `lane`:
         "interactive" (scheduled before bulk work) or "bulk"; None: the server decides by size."""
         ask = Ask(dimensions=dimensions, encoding=encoding)
-        return self._run_sync(self.model, self._text_chunks(texts, task, ask), len(texts), ask, lane).dense
+        return self._run_sync(self.model, self.text_chunks(texts, task, ask), len(texts), ask, lane).dense
 
     def encode(self, texts: list[str], dense: bool = True, sparse: bool = False, colbert: bool = False,
                dimensions: int | None = None, encoding: str = "float32", task: str | None = None,
@@ -120,13 +112,13 @@ class EmbeddingClient:
         .dense [n, D] (as embed), .sparse a {token id: weight} dict per input, .colbert a float32
         [tokens - 1, Dc] array per input. Chunked and balanced like embed."""
         ask = Ask(dense, sparse, colbert, dimensions, encoding)
-        return self._run_sync(self.text_model(ask), self._text_chunks(texts, task, ask), len(texts), ask, lane)
+        return self._run_sync(self.text_model(ask), self.text_chunks(texts, task, ask), len(texts), ask, lane)
 
     def embed_tokens(self, token_lists: list[list[int]], dimensions: int | None = None, encoding: str = "float32",
                      lane: str | None = None) -> np.ndarray:
         """Embed pre-tokenized sequences (with the model's special tokens); [n, D] as embed."""
         ask = Ask(dimensions=dimensions, encoding=encoding)
-        return self._run_sync(self.token_model, self._token_chunks(token_lists, ask), len(token_lists), ask,
+        return self._run_sync(self.token_model, self.token_chunks(token_lists, ask), len(token_lists), ask,
                               lane).dense
 
     def embed_ragged(self, input_ids: np.ndarray, seq_lens: np.ndarray, dimensions: int | None = None,
@@ -161,7 +153,7 @@ class EmbeddingClient:
         """embed() with each text's tokens before truncation (prompt and special tokens included) and
         whether it was cut: Counted(vectors [n, D], token_counts int32 [n], truncated bool [n])."""
         ask = CountedAsk()
-        return self._run_sync(self.text_model(ask), self._text_chunks(texts, task, Ask()), len(texts), ask, lane)
+        return self._run_sync(self.text_model(ask), self.text_chunks(texts, task, Ask()), len(texts), ask, lane)
 
     def rerank(self, query: str, documents: list[str], top_k: int | None = None,
                return_documents: bool = False, instruction: str | None = None, lane: str | None = None):
@@ -184,16 +176,11 @@ class EmbeddingClient:
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per replica: tokens and chunks answered, failures, tokens in flight now."""
-        with self._lock:
-            return {r.url: {"tokens": r.tokens_done, "chunks": r.chunks_done, "failures": r.failures_total,
-                            "inflight_tokens": r.inflight_tokens, "down": r.down_until > time.monotonic()}
-                    for r in self._replicas}
+        return self.pool.stats()
 
     def close(self) -> list:
         """Close every replica's connection; returns the channels closed."""
-        with self._lock:
-            self._closed = True
-            channels = [ch for ch in (r.drop_channel() for r in self._replicas) if ch is not None]
+        channels = self.pool.close()
         for ch in channels:
             ch.close()
         return channels
@@ -210,7 +197,8 @@ class EmbeddingClient:
         (self.outputs_model), where named outputs are sent: the `embed` ensemble sends EMBEDDINGS only."""
         return self.model if list(ask.outputs()) == ["EMBEDDINGS"] else self.outputs_model
 
-    def _text_chunks(self, texts, task, ask: Ask = Ask()) -> list[Chunk]:
+    def text_chunks(self, texts, task, ask: Ask = Ask()) -> list[Chunk]:
+        """A call's texts as chunks (the asyncio twin sends the same)."""
         if isinstance(texts, (str, bytes)):
             raise TypeError("embed() takes a list of texts; wrap a single text in a list")
         texts = list(texts)
@@ -220,7 +208,8 @@ class EmbeddingClient:
         ranges = chunk_ranges(costs, self.token_budget, self.max_chunk_seqs, sizes, self.max_chunk_bytes) or [(0, 0)]
         return [Chunk(s, e, sum(costs[s:e]), [("TEXT", texts[s:e])] + extra) for s, e in ranges]
 
-    def _token_chunks(self, token_lists, ask: Ask = Ask()) -> list[Chunk]:
+    def token_chunks(self, token_lists, ask: Ask = Ask()) -> list[Chunk]:
+        """A call's token lists as chunks."""
         arrays = [np.asarray(t, dtype=np.int32).reshape(-1) for t in token_lists]
         lens = np.array([len(a) for a in arrays], dtype=np.int32)
         flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
@@ -239,28 +228,3 @@ class EmbeddingClient:
                 event.wait(wait)
         finally:
             job.finish()
-
-    def _pick(self, chunk: Chunk, now: float) -> Replica | None:
-        """The live replica with the fewest outstanding tokens that can take the chunk (caller holds the lock)."""
-        live = [r for r in self._replicas if r.down_until <= now and (
-            r.inflight_tokens == 0 or r.inflight_tokens + chunk.tokens <= self.max_inflight_tokens)]
-        fresh = [r for r in live if r.url not in chunk.failed_on] or live
-        if not fresh:
-            return None
-        return min(fresh, key=lambda r: (r.inflight_tokens, r.tokens_done))
-
-    def _on_done(self, att: Attempt, job: "Job", _fut) -> None:
-        with self._lock:
-            att.replica.last_answer = time.monotonic()
-            if not att.released:
-                att.released = True
-                att.replica.inflight_tokens -= att.chunk.tokens
-            waiters = [w for w in self._waiters if w is not job.wake]
-        job.done.put(att)
-        job.wake()
-        for wake in waiters:              # capacity freed: every call waiting to place a chunk may now
-            wake()
-
-    def _replica_failed(self, r: Replica, conn: StreamConnection, error: str) -> Channel | None:
-        """Caller holds the lock; see Replica.failed (close the channel it returns outside the lock)."""
-        return r.failed(conn, error, self.backoff, self.max_backoff)

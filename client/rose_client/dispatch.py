@@ -73,12 +73,12 @@ class Job:
         now = time.monotonic()
         self.deadline = NEVER if client.timeout is None else now + client.timeout
         self.stall_at = NEVER if client.progress_timeout is None else now + client.progress_timeout
-        with client._lock:
-            if client._closed:
+        with client.pool.lock:
+            if client.pool.closed:
                 raise RuntimeError("the client is closed")
 
     def step(self) -> float | None:
-        c = self.client
+        c, pool = self.client, self.client.pool
         while True:                                      # 1. answers that came in
             try:
                 att = self.done.get_nowait()
@@ -95,14 +95,14 @@ class Job:
             raise TimeoutError(f"no chunk of this embedding call was answered for {c.progress_timeout:g} s; "
                                f"{self.remaining} of {len(self.chunks)} chunks unanswered ({self._replica_summary()})")
         to_close = []
-        with c._lock:                                    # 2. attempts past their deadline
+        with pool.lock:                                  # 2. attempts past their deadline
             for att in [a for a in self.inflight if now > self._expiry(a)]:
                 to_close.append(self._abandon(att, f"no answer for {c.chunk_timeout:g} s"))
             sent = []
             for chunk in list(self.todo):                # 3. place what can go, in input order
                 if chunk.not_before > now:
                     continue
-                r = c._pick(chunk, now)
+                r = pool.pick(chunk, now)
                 if r is None:
                     break
                 att = Attempt(chunk, r, self._stream(r), now)
@@ -112,24 +112,33 @@ class Job:
                 self.inflight.add(att)
                 sent.append(att)
             if self.todo:                                # woken when any call's chunk frees capacity
-                c._waiters.add(self.wake)
+                pool.waiters.add(self.wake)
             else:                                        # woken by its own answers only
-                c._waiters.discard(self.wake)
-            if self.todo and all(r.failures >= c.retries for r in c._replicas):
-                raise AllReplicasDown(f"all {len(c._replicas)} replicas are down: {self._replica_summary()}")
+                pool.waiters.discard(self.wake)
+            if self.todo and all(r.failures >= c.retries for r in pool.replicas):
+                raise AllReplicasDown(f"all {len(pool.replicas)} replicas are down: {self._replica_summary()}")
             wakes = [self._expiry(a) for a in self.inflight] + \
                 [ch.not_before for ch in self.todo if ch.not_before > now]
             if self.todo:
-                wakes += [r.down_until for r in c._replicas if r.down_until > now]
+                wakes += [r.down_until for r in pool.replicas if r.down_until > now]
         for channel in to_close:                         # outside the lock: pending chunks fail over
             if channel is not None:
                 channel.close()
         for att in sent:                                 # outside the lock: callbacks may run inline
             att.fut = att.conn.infer(self.model, att.chunk.inputs, self.ask.outputs(), self.parameters)
-            att.fut.add_done_callback(lambda f, a=att: c._on_done(a, self, f))
+            att.fut.add_done_callback(lambda f, a=att: self._answered(a))
         if sent:
             return 0.0                                   # look at the queue again right away
         return min(max(0.0, min(wakes + [self.deadline, self.stall_at]) - time.monotonic()) + 1e-3, 3600.0)
+
+    def _answered(self, att: Attempt) -> None:
+        """An attempt's future is done (any thread): queue it for step(), and wake this call and every
+        call waiting for the room it freed."""
+        waiters = self.client.pool.answered(att, self.wake)
+        self.done.put(att)
+        self.wake()
+        for wake in waiters:
+            wake()
 
     def _expiry(self, att: Attempt) -> float:
         """When an attempt is given up: chunk_timeout after it was sent, or after its replica's last
@@ -159,7 +168,7 @@ class Job:
             self.remaining -= 1
             if c.progress_timeout is not None:
                 self.stall_at = time.monotonic() + c.progress_timeout
-            with c._lock:
+            with c.pool.lock:
                 r.failures = 0
                 r.tokens_done += chunk.tokens
                 r.chunks_done += 1
@@ -170,12 +179,12 @@ class Job:
             where = f" (inputs {chunk.start}..{chunk.end - 1} of this call)" if chunk.end > chunk.start else ""
             raise ServerError(f"{exc}{where}") from exc
         broken = None
-        with c._lock:
+        with c.pool.lock:
             if isinstance(exc, ServerError) and not exc.server_leaving:   # overloaded: back off, retry anywhere
                 r.last_error = str(exc)
                 chunk.not_before = time.monotonic() + min(c.backoff * 2 ** min(chunk.attempts, 10), c.max_backoff)
             else:                                         # ConnectionLost, a server leaving, anything else: replica failed
-                broken = c._replica_failed(r, att.conn, str(exc))
+                broken = c.pool.failed(r, att.conn, str(exc))
                 chunk.failed_on.add(r.url)
             self._requeue(chunk)
         if broken is not None:
@@ -192,7 +201,7 @@ class Job:
             att.replica.inflight_tokens -= att.chunk.tokens
         att.chunk.failed_on.add(att.replica.url)
         self._requeue(att.chunk)
-        return c._replica_failed(att.replica, att.conn, f"{att.replica.url}: {why}")
+        return c.pool.failed(att.replica, att.conn, f"{att.replica.url}: {why}")
 
     def _requeue(self, chunk: Chunk) -> None:
         self.todo.append(chunk)
@@ -201,7 +210,7 @@ class Job:
     def _replica_summary(self) -> str:
         now = time.monotonic()
         return "; ".join(f"{r.url} ({'down: ' + r.last_error if r.down_until > now or r.failures else 'up'})"
-                         for r in self.client._replicas)
+                         for r in self.client.pool.replicas)
 
     def output(self) -> Encoded:
         return self.ask.assemble([ch.result for ch in self.chunks], self.client.urls)
@@ -211,8 +220,8 @@ class Job:
         back to their replica; a stream with requests still pending (the call failed, timed out or
         was cancelled) is cancelled, so that the server drops that work."""
         cancel, close = [], []
-        with self.client._lock:
-            self.client._waiters.discard(self.wake)
+        with self.client.pool.lock:
+            self.client.pool.waiters.discard(self.wake)
             self.todo.clear()
             for r, conn in self.streams.values():
                 if conn.outstanding:

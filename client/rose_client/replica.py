@@ -1,5 +1,6 @@
-"""One server as an EmbeddingClient sees it: its gRPC channel, the streams that calls lease on it,
-and its load and failure state. Every method is called with the client's lock held.
+"""One server as an EmbeddingClient sees it (Replica: its gRPC channel, the streams that calls lease
+on it, and its load and failure state), and a client's replicas with the lock every call takes
+(ReplicaSet). Replica's methods are called with that lock held.
 
 A call leases one stream per replica for its chunks, used by no other call, and gives it back when
 it ends; a call that ends with requests still pending (cancelled, failed, timed out) cancels its
@@ -8,6 +9,7 @@ MAX_IDLE streams with nothing pending wait for the next call, so a steady load o
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -66,3 +68,54 @@ class Replica:
     def drop_channel(self) -> Channel | None:
         channel, self.channel, self.idle = self.channel, None, []
         return channel
+
+
+class ReplicaSet:
+    """An EmbeddingClient's replicas, shared by all its calls: `lock` guards them; `waiters` holds the
+    wake() of every call waiting for a replica with room (dispatch.Job); `closed` once closed."""
+
+    def __init__(self, urls: list[str], headers: dict[str, str] | None, channel_type: type | None,
+                 max_inflight_tokens: int, backoff: float, max_backoff: float):
+        self.replicas = [Replica(u, headers, channel_type=channel_type) for u in urls]
+        self.max_inflight_tokens, self.backoff, self.max_backoff = max_inflight_tokens, backoff, max_backoff
+        self.lock = threading.Lock()
+        self.waiters: set = set()
+        self.closed = False
+        with self.lock:
+            for r in self.replicas:                      # connect now: the first call finds a stream open
+                r.give_back(r.lease())
+
+    def pick(self, chunk, now: float) -> Replica | None:
+        """The live replica with the fewest outstanding tokens that can take `chunk` (lock held)."""
+        live = [r for r in self.replicas if r.down_until <= now and (
+            r.inflight_tokens == 0 or r.inflight_tokens + chunk.tokens <= self.max_inflight_tokens)]
+        fresh = [r for r in live if r.url not in chunk.failed_on] or live
+        if not fresh:
+            return None
+        return min(fresh, key=lambda r: (r.inflight_tokens, r.tokens_done))
+
+    def answered(self, att, wake) -> list:
+        """An attempt's answer (or error) came: its tokens no longer count. Returns the wake() of the
+        other calls waiting for room, to call outside the lock."""
+        with self.lock:
+            att.replica.last_answer = time.monotonic()
+            if not att.released:
+                att.released = True
+                att.replica.inflight_tokens -= att.chunk.tokens
+            return [w for w in self.waiters if w is not wake]
+
+    def failed(self, r: Replica, conn: StreamConnection, error: str) -> Channel | None:
+        """Lock held: Replica.failed with this set's backoff (close the channel it returns outside the lock)."""
+        return r.failed(conn, error, self.backoff, self.max_backoff)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            return {r.url: {"tokens": r.tokens_done, "chunks": r.chunks_done, "failures": r.failures_total,
+                            "inflight_tokens": r.inflight_tokens, "down": r.down_until > time.monotonic()}
+                    for r in self.replicas}
+
+    def close(self) -> list:
+        """Every replica's channel dropped; returns them for the caller to close."""
+        with self.lock:
+            self.closed = True
+            return [ch for ch in (r.drop_channel() for r in self.replicas) if ch is not None]
