@@ -29,7 +29,6 @@ RANKS = [("rose_client", 0),                  # the client: gRPC streaming, bala
          ("rose_backend.triton", 6),          # the Triton glue: the rose model, settings, stub helpers
          ("rose_ensemble", 7),                # the tokenize stage (its Triton models stand on the glue)
          ("rose_backend.launch", 8),          # process control: tritonserver and the gateway as children
-         ("rose_backend.precompile", 9),
          ("rose_testing", 9),                 # the tests' and benchmarks' fixtures (not shipped)
          ("rose_gateway", 10),                # the HTTP gateway: the client, the tokenize code, GATEWAY_TAKES
          ("rose_bench", 11),
@@ -45,8 +44,7 @@ MAX_LINES = 350
 SHARED_WITH_THE_CLIENT = {"rose_client.auth"}
 # What the gateway takes of rose_backend: what it shares with the server, each in its one home. The
 # launcher starts the gateway by its command line, and the gateway imports nothing of process control.
-GATEWAY_TAKES = {"rose_backend.processes", "rose_backend.config", "rose_backend.triton.model_settings",
-                 "rose_backend.serving.stage_clock"}
+GATEWAY_TAKES = {"rose_backend.processes", "rose_backend.config", "rose_backend.serving.stage_clock"}
 
 
 def _modules() -> dict[str, Path]:

@@ -3,7 +3,7 @@
 #   run(command="source .gpu/enter.sh && bash benchmarks/gpu/cold_start.sh COMMIT", carry=[".gpu"])
 # For bge-m3 and pplx-embed (random-weight folders at the real shapes, made on the GPU as
 # rose_bench readiness --shape makes them):
-#   (a) python -m rose_backend.precompile --model <folder> --out /tmp/rose-precompiled, timed;
+#   (a) python -m rose_backend.launch.precompile --model <folder> --out /tmp/rose-precompiled, timed;
 #   (b) with the machine's own caches empty (~/.cache, ~/.triton and ~/.nv moved aside, put back on
 #       exit) and ROSE_CACHE_DIR=/tmp/rose-precompiled, one server launch: launch -> READY, then the
 #       first request of each shape against its steady p50 (python -m rose_bench readiness --cache-dir:
@@ -37,7 +37,7 @@ for SHAPE in $SHAPES; do
   timeout 120 python3 -c "from rose_testing.folders import make_folder; make_folder('$SHAPE', '$W/$SHAPE', device='cuda')" \
     > "$L/$SHAPE-folder.log" 2>&1 || { echo "$SHAPE: the model folder was not made"; tail -5 "$L/$SHAPE-folder.log"; continue; }
   t0=$(date +%s.%N)
-  timeout 300 python3 -m rose_backend.precompile --model "$W/$SHAPE" --out $PRE > "$L/$SHAPE-precompile.log" 2>&1
+  timeout 300 python3 -m rose_backend.launch.precompile --model "$W/$SHAPE" --out $PRE > "$L/$SHAPE-precompile.log" 2>&1
   rc=$?
   echo "== $SHAPE: precompile rc=$rc in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
   tail -12 "$L/$SHAPE-precompile.log"

@@ -2,7 +2,7 @@
 # Precompile the two benchmark shapes' kernels into one folder, as a Docker builder stage or a node's
 # first boot does once:
 #   source .gpu/enter.sh && bash benchmarks/gpu/precompile.sh [SHAPES]      (default: bge-m3 pplx-embed)
-# `python -m rose_backend.precompile --all-backends` for each shape's random-weight folder (written to
+# `python -m rose_backend.launch.precompile --all-backends` for each shape's random-weight folder (written to
 # $ROSE_GPU_TMP/serve-SHAPE), side by side, into $PRE (default /tmp/rose-precompiled). Then writes
 # $PRE/cache_env.sh, which, sourced, points every compile cache at $PRE (supervision.cache_env's
 # variables and ROSE_CACHE_DIR), so that later servers and benches on this host compile nothing.
@@ -19,7 +19,7 @@ t0=$(date +%s.%N)
 pids=()
 for SHAPE in ${@:-bge-m3 pplx-embed}; do
   ( timeout 120 python3 -c "from rose_testing.folders import make_folder; make_folder('$SHAPE', '$W/serve-$SHAPE', device='cuda')" &&
-    timeout 400 python3 -m rose_backend.precompile --model "$W/serve-$SHAPE" --out "$PRE" --all-backends --jobs 8 ) \
+    timeout 400 python3 -m rose_backend.launch.precompile --model "$W/serve-$SHAPE" --out "$PRE" --all-backends --jobs 8 ) \
     > "$L/precompile-$SHAPE.log" 2>&1 &
   pids+=($!)
 done

@@ -14,7 +14,7 @@ first <= 3x steady p50), and finally the SIGTERM -> exit time. Prints a table an
 (command, git commit, machine, date) to --out.
 
 `--cache-dir DIR` serves every launch from DIR (ROSE_CACHE_DIR), which is never emptied: a folder
-filled by `python -m rose_backend.precompile` (its precompile.json marks it precompiled). There
+filled by `python -m rose_backend.launch.precompile` (its precompile.json marks it precompiled). There
 `cold` is a launch on a machine whose own caches ($XDG_CACHE_HOME or ~/.cache; the caller empties
 them) are empty, recorded as cache "empty" with the file count found there.
 Each run records model, cache ("empty" | "warm"), precompiled, ready_s, first_request_ms and
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--launches", default="cold,warm", help="cold (empty compile cache) and/or warm (the same cache again)")
     p.add_argument("--workdir", default=None, help="folder for model folders, caches and logs (default: a temp dir)")
     p.add_argument("--cache-dir", default=None, help="serve every launch from this compile-cache folder, never "
-                   "emptied (e.g. one filled by python -m rose_backend.precompile)")
+                   "emptied (e.g. one filled by python -m rose_backend.launch.precompile)")
     p.add_argument("--out", default="benchmarks/results/readiness.json")
     p.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     args = p.parse_args(argv)

@@ -32,7 +32,8 @@ from rose_backend.config import resolve_model_dir
 from rose_backend.serving.outcomes import CANCELLED, SHUTTING_DOWN, Unavailable
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.triton.decoupled import DecoupledModel, send_final
-from rose_backend.triton.model_settings import TokenizeSettings, model_config_file
+from rose_backend.triton.model_settings import model_config_file
+from rose_ensemble.tokenize_settings import TokenizeSettings
 from rose_backend.triton.numpy_interop import check_numpy_interop
 from rose_backend.triton.parent_watch import watch_parent
 from rose_backend.triton.polled_metrics import PolledMetrics

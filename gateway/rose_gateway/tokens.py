@@ -45,7 +45,7 @@ class Tokens:
 class ModelInfo:
     def __init__(self, model_dir: str | Path | None):
         from rose_backend.config import ModelConfig     # stdlib only: no torch
-        from rose_backend.triton.model_settings import TokenizeSettings    # json and dataclasses only
+        from rose_ensemble.tokenize_settings import TokenizeSettings    # json and dataclasses only
         cfg = ModelConfig.from_folder(model_dir)
         self.folder = cfg.model_dir
         self.name = model_name(cfg.model_dir)
@@ -71,7 +71,7 @@ class ModelInfo:
     def use_server_settings(self, model_config: dict) -> None:
         """The deployment's own `tokenize` settings (its config.pbtxt parameters, as Triton reports
         them), merged as the tokenize model merges them."""
-        from rose_backend.triton.model_settings import TokenizeSettings
+        from rose_ensemble.tokenize_settings import TokenizeSettings
         self.server_answered = True
         params = dict(model_config.get("parameters") or {})
         try:

@@ -1,9 +1,10 @@
-"""The config.pbtxt parameters of the served models, parsed once into checked settings objects.
+"""The config.pbtxt parameters of `rose`, parsed once into a checked settings object, and the base
+of every model's settings (`tokenize`'s: rose_ensemble/tokenize_settings.py).
 
     settings = RoseSettings.from_model_config(args["model_config"])      # in initialize()
     settings.max_batch_tokens                                            # BATCH_TOKENS unless config.pbtxt says
 
-Each dataclass below is the one place a model's parameters, types and defaults are written down in
+Each settings dataclass is the one place a model's parameters, types and defaults are written down in
 code; docs/OPERATIONS.md says what each means, and it and model_repository/*/config.pbtxt state the
 same defaults (tests/triton/test_settings.py checks both). An unknown parameter, a wrong type or a value out of range is refused at start-up, naming
 the model and the parameter. An empty string_value means "the default".
@@ -24,7 +25,9 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
           "float16": "float16", "fp16": "float16", "fp8": ""}     # fp8: the default activations, FP8 GEMMs
 
 
-class _Settings:
+class ModelSettings:
+    """The base of a model's settings: from_model_config() / from_values() parse, refuse unknown
+    parameters and wrong types; MINIMUM: lower bounds checked by _check()."""
     MODEL = "?"
     MINIMUM: dict[str, int] = {}
 
@@ -78,7 +81,7 @@ class _Settings:
 
 
 @dataclass(frozen=True)
-class RoseSettings(_Settings):
+class RoseSettings(ModelSettings):
     """Parameters of `rose` (token ids -> embeddings), all optional: their meanings are
     docs/OPERATIONS.md's tables, their types and defaults the fields below (the service's own from
     ServiceSettings, `_S`)."""
@@ -170,57 +173,6 @@ class RoseSettings(_Settings):
     def graphs(self) -> bool | None:
         """`cuda_graphs` for the Engine: None (its default), True or False."""
         return None if self.cuda_graphs == "auto" else self.cuda_graphs == "on"
-
-
-@dataclass(frozen=True)
-class TokenizeSettings(_Settings):
-    """Parameters of `tokenize` (texts -> token ids) and of `tokenize_batched`, all optional: their
-    meanings are docs/OPERATIONS.md's tables, their types and defaults the fields below."""
-    MODEL = "tokenize"
-    MINIMUM = {"max_seq_length": 0, "max_text_bytes": 0, "max_request_texts": 1, "batch_backlog_us": 0,
-               "late_chunk_overlap": -1}
-
-    model_dir: str = ""
-    model_kind: str = ""
-    prompts: str = ""
-    fallback_prompts: str = '{"query": "", "passage": ""}'
-    default_prompt_name: str = ""
-    max_seq_length: int = 0
-    max_text_bytes: int = 65536
-    max_request_texts: int = 4096
-    late_chunk_overlap: int = -1
-    batch_backlog_us: int = 250
-
-    def __post_init__(self):
-        self._check()
-        self.prompt_map               # parse, or say what is wrong
-        self.fallback_prompt_map
-
-    @property
-    def overlap(self) -> int | None:
-        """late_chunk_overlap as LateChunker takes it (None: its default)."""
-        return None if self.late_chunk_overlap < 0 else self.late_chunk_overlap
-
-    @property
-    def prompt_map(self) -> dict[str, str]:
-        return parse_prompts(self.prompts)
-
-    @property
-    def fallback_prompt_map(self) -> dict[str, str]:
-        return parse_prompts(self.fallback_prompts, "fallback_prompts")
-
-
-def parse_prompts(value: str, name: str = "prompts") -> dict[str, str]:
-    """Deployment prompts from a config.pbtxt parameter: a JSON object {name: prefix}."""
-    if not value.strip():
-        return {}
-    try:
-        prompts = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"parameter {name!r} must be a JSON object of name -> prefix: {e}") from e
-    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise ValueError(f"parameter {name!r} must be a JSON object mapping prompt names to prefix strings")
-    return prompts
 
 
 def read_model_config(path):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from rose_backend.triton.model_settings import parse_prompts
+from rose_ensemble.tokenize_settings import parse_prompts
 from rose_ensemble.tokenization import InputError, TextTokenizer
 
 TEXTS = ["hello", "The quick brown fox " * 100, "naïve café 日本語", "🙂🙃 emoji only", "  spaced   out  "]
@@ -66,7 +66,7 @@ def test_parse_prompts():
 def test_fallback_prompts_fill_in_only_the_names_a_model_lacks(default_model_dir, tmp_path):
     """The shipped deployment's fallback_prompts: "query" / "passage" exist on every model; the
     symmetric default model embeds the text as it is, a model with its own prompts keeps them."""
-    from rose_backend.triton.model_settings import TokenizeSettings
+    from rose_ensemble.tokenize_settings import TokenizeSettings
     from rose_testing.qwen3 import QUERY_PROMPT, write_qwen3_folder
     fallback = TokenizeSettings().fallback_prompt_map
     assert fallback == {"query": "", "passage": ""}

@@ -1,4 +1,4 @@
-"""rose_backend.precompile on the GPU: an 8-layer pplx-embed-shaped folder (Qwen3 heads 16 / 8 x 128:
+"""rose_backend.launch.precompile on the GPU: an 8-layer pplx-embed-shaped folder (Qwen3 heads 16 / 8 x 128:
 flashinfer attention, norm and SiLU-and-mul modules, and every Triton-language kernel) precompiled
 into an empty folder; then a second process, started as the server is (ROSE_CACHE_DIR = that folder,
 the other cache variables from supervision.cache_env, no FLASHINFER_CUDA_ARCH_LIST), builds the
@@ -10,7 +10,7 @@ the modules it placed in flashinfer's prebuilt-module folder.
     source .gpu/enter.sh && python3 -m pytest tests/gpu/test_precompile_gpu.py -q -s
 
 With ROSE_GPU_PRECOMPILED=DIR (benchmarks/gpu/gpu_suite.sh: DIR filled by `python -m
-rose_backend.precompile` for the pplx-embed shape just before the suite) both tests precompile into
+rose_backend.launch.precompile` for the pplx-embed shape just before the suite) both tests precompile into
 DIR instead of an empty folder: the build then finds its modules up to date, and what is checked is
 that a server started from DIR compiles nothing and that --aot places loadable modules. Without it
 the first test builds from nothing (about 90 s of nvcc on an H200 host).
@@ -40,7 +40,7 @@ SERVE = """
 import json, sys, time
 t0 = time.perf_counter()
 from rose_backend.config import ModelConfig
-from rose_backend.precompile import load_settings, warm_engine
+from rose_backend.launch.precompile import load_settings, warm_engine
 warm = warm_engine(ModelConfig.from_folder(sys.argv[1]), load_settings(None))
 from flashinfer.jit import env
 print(json.dumps({**warm, "seconds": time.perf_counter() - t0, "workspace": str(env.FLASHINFER_WORKSPACE_DIR)}))
@@ -73,7 +73,7 @@ def test_a_precompiled_folder_serves_without_compiling(gpu_tmp, tmp_path):
                          vocab_size=4096)
     cache = precompiled_folder(tmp_path / "cache")
     base = {k: v for k, v in os.environ.items() if k not in OURS}
-    r = subprocess.run([sys.executable, "-m", "rose_backend.precompile", "--model", str(folder), "--out", str(cache)],
+    r = subprocess.run([sys.executable, "-m", "rose_backend.launch.precompile", "--model", str(folder), "--out", str(cache)],
                        cwd=ROOT, env=base, capture_output=True, text=True, timeout=900)
     print(r.stdout[-3000:], r.stderr[-3000:])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -115,7 +115,7 @@ def test_aot_modules_load_without_nvcc(gpu_tmp, tmp_path):
     before = {p.name for p in aot.iterdir()} if aot.is_dir() else set()
     cache = precompiled_folder(tmp_path / "cache")
     try:
-        r = subprocess.run([sys.executable, "-m", "rose_backend.precompile", "--model", str(folder), "--out",
+        r = subprocess.run([sys.executable, "-m", "rose_backend.launch.precompile", "--model", str(folder), "--out",
                             str(cache), "--arch", f"{major}.{minor}", "--aot"], cwd=ROOT,
                            env={**base, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=600)
         print(r.stdout[-2000:])

@@ -1,4 +1,4 @@
-"""rose_backend.precompile on the CPU: its arguments, the flashinfer modules it derives from a folder's
+"""rose_backend.launch.precompile on the CPU: its arguments, the flashinfer modules it derives from a folder's
 config for both model families (and the engine's backend choice behind them), and the cache layout
 it writes into (the one a server started with ROSE_CACHE_DIR reads). The builds themselves need
 nvcc and flashinfer: tests/gpu/test_precompile_gpu.py."""
@@ -16,7 +16,7 @@ import torch
 
 from rose_backend.config import ModelConfig
 from rose_backend.engine.backend_table import BackendTable
-from rose_backend.precompile import Module, chosen_backends, flashinfer_modules, main, parse_arch
+from rose_backend.launch.precompile import Module, chosen_backends, flashinfer_modules, main, parse_arch
 from rose_backend.launch.supervision import cache_env
 from rose_testing.folders import make_folder
 from rose_testing.qwen3 import write_qwen3_folder
@@ -49,7 +49,7 @@ def cfg_of(folders, name) -> ModelConfig:
 
 
 def run(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rose_backend.precompile", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rose_backend.launch.precompile", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=env)
 
 

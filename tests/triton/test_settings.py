@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rose_backend.triton.model_settings import RoseSettings, TokenizeSettings
+from rose_backend.triton.model_settings import RoseSettings
+from rose_ensemble.tokenize_settings import TokenizeSettings
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md"

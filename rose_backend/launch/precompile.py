@@ -1,6 +1,6 @@
 """Build ahead every kernel a model folder uses, into a folder laid out as the server's compile cache.
 
-    python -m rose_backend.precompile --model FOLDER --out DIR [--arch sm_90] [--repository REPO]
+    python -m rose_backend.launch.precompile --model FOLDER --out DIR [--arch sm_90] [--repository REPO]
     ROSE_CACHE_DIR=DIR make serve MODEL=FOLDER          # then nothing compiles at start-up
 
 DIR is laid out as supervision.cache_env lays out $ROSE_CACHE_DIR (flashinfer's JIT cache under
@@ -222,7 +222,7 @@ def load_settings(repository: str | None):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m rose_backend.precompile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m rose_backend.launch.precompile", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="Hugging Face model folder")
     p.add_argument("--out", required=True, help="compile-cache folder to fill (serve with ROSE_CACHE_DIR=it)")
     p.add_argument("--arch", help="CUDA architecture, e.g. sm_90 (default: this machine's GPU)")
