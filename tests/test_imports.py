@@ -38,10 +38,11 @@ SERVER_SIDE = ("rose_backend", "rose_ensemble", "rose_gateway", "rose_bench", "r
 # What the product distribution ships (pyproject.toml): none of it imports the fixtures (rose_testing).
 SHIPPED = ("rose_client", "rose_backend", "rose_ensemble", "rose_gateway")
 MAX_LINES = 350
-# The one module of rose_client the server side (rose_backend, rose_ensemble) may import: the key
-# headers and the keys' allowed form (rose_client/auth.py: no imports of its own), defined once for the
-# client, the gateway and the launcher.
-SHARED_WITH_THE_CLIENT = {"rose_client.auth"}
+# The modules of rose_client the server side (rose_backend, rose_ensemble) may import, each defined once
+# for the client, the gateway and the server: the key headers and the keys' allowed form
+# (rose_client/auth.py), the lane names and the int32 bound (rose_client/contract.py); neither imports
+# anything, and rose_client's __init__ imports lazily (test_shared_facts.py checks what they load).
+SHARED_WITH_THE_CLIENT = {"rose_client.auth", "rose_client.contract"}
 # What the gateway takes of rose_backend: what it shares with the server, each in its one home. The
 # launcher starts the gateway by its command line, and the gateway imports nothing of process control.
 GATEWAY_TAKES = {"rose_backend.processes", "rose_backend.config", "rose_backend.serving.stage_clock"}

@@ -1,9 +1,11 @@
 """Facts kept in one home each, read by more than one side: the gateway's command line takes its
-defaults from its settings; the lane names the server keeps (its Python stubs do not import the
-client package) are the client's; no command line takes a key."""
+defaults from its settings; the server takes the lane names from the client's contract, which loads
+nothing else of the client; no command line takes a key."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -11,8 +13,14 @@ from rose_backend.serving import lanes
 from rose_client import contract
 
 
-def test_the_server_and_the_client_name_the_same_lanes():
-    assert (lanes.INTERACTIVE, lanes.BULK, lanes.LANES) == (contract.INTERACTIVE, contract.BULK, contract.LANES)
+def test_the_server_takes_the_lane_names_from_the_clients_contract_which_loads_nothing_else():
+    assert lanes.LANES is contract.LANES and (lanes.INTERACTIVE, lanes.BULK) == contract.LANES
+    loaded = subprocess.run([sys.executable, "-c", "import sys, rose_client.contract, rose_client.auth; "
+                             "print(sorted(m for m in sys.modules if m.startswith(('rose_client', 'grpc', 'tritonclient'))))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['rose_client', 'rose_client.auth', 'rose_client.contract']", loaded
+    from rose_client import EmbeddingClient             # the package's names still import, on first use
+    assert EmbeddingClient.__module__ == "rose_client.client"
 
 
 def test_the_gateway_command_line_defaults_are_its_settings_defaults(monkeypatch):

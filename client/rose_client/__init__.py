@@ -6,11 +6,20 @@
     r = client.encode(["hello world"], sparse=True, colbert=True)   # BGE-M3: r.dense, r.sparse, r.colbert
     EmbeddingClient("host:8001", api_key=key)     # a deployment started with API_KEY
 """
-from rose_client.async_client import AsyncEmbeddingClient
-from rose_client.client import EmbeddingClient
-from rose_client.dispatch import AllReplicasDown
-from rose_client.encoded import Encoded
-from rose_client.transport import AccessDenied, Channel, ConnectionLost, ServerError, StreamConnection
+import importlib
 
-__all__ = ["EmbeddingClient", "AsyncEmbeddingClient", "Encoded", "AllReplicasDown", "StreamConnection", "Channel",
-           "ServerError", "ConnectionLost", "AccessDenied"]
+_HOMES = {"EmbeddingClient": "client", "AsyncEmbeddingClient": "async_client", "Encoded": "encoded",
+          "AllReplicasDown": "dispatch", "StreamConnection": "transport", "Channel": "transport",
+          "ServerError": "transport", "ConnectionLost": "transport", "AccessDenied": "transport"}
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    """The names above, imported on first use: `import rose_client.contract` (or .auth) alone loads
+    neither gRPC nor the client, which the server's Python stubs rely on."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'rose_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rose_client.{home}"), name)
+    globals()[name] = value
+    return value

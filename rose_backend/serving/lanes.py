@@ -45,9 +45,9 @@ import math
 import time
 from dataclasses import dataclass
 
-INTERACTIVE, BULK = "interactive", "bulk"
+from rose_client.contract import BULK, INTERACTIVE, LANES  # noqa: F401 (the lane names, as clients send them)
+
 CPU_BULK_BATCH_MS = 100          # bulk_batch_ms=auto on the CPU
-LANES = (INTERACTIVE, BULK)
 
 # upper bounds (seconds) of the wait histogram's buckets; a last one, +Inf, holds everything
 WAIT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
