@@ -26,6 +26,10 @@ MODES = {
                  concurrency=(1, 2), conc_len=32, conc_total=8, conc_warmup=1,
                  gate_lengths=(5, 17, 64, 100), pa_interval_ms=500),
 }
+# The servers of the CPU smokes (the tiny mode, and multi-gpu --cpu-smoke) run one instance of each
+# tokenize model, as the test servers do (tests/support/server.py): the same path through the tool,
+# and each server starts about half a second and stops a second or two sooner.
+SMOKE_INSTANCES = {"tokenize": 1, "tokenize_batched": 1}
 SYSTEM_MODELS = {"rose": ("tokenize", "tokenize_batched", "rose", "embed"), "naive": ("naive",)}
 TOKEN_MODEL = {"rose": "rose", "naive": "naive"}
 TEXT_MODEL = {"rose": "embed", "naive": "naive"}
