@@ -31,8 +31,8 @@ from rose_testing import folders
 from rose_testing.compare import cos_dist
 from rose_testing.reference import Reference
 from rose_bench import published, workloads
-from rose_bench.modes import (FP8_GATE_MAX_COS_DIST, GATE_MAX_COS_DIST, MODES, NAIVE_TEXT_SKIPPED, SYSTEM_MODELS, TEXT_MODEL,
-                              TOKEN_MODEL)
+from rose_bench.modes import (FP8_GATE_MAX_COS_DIST, GATE_MAX_COS_DIST, MODES, NAIVE_TEXT_SKIPPED, SMOKE_INSTANCES, SYSTEM_MODELS,
+                              TEXT_MODEL, TOKEN_MODEL)
 from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, repo_root, save_json, tail
 
 
@@ -141,9 +141,12 @@ class Bench:
         res = self.result["systems"].setdefault(system, {})
         if system == "rose":
             params = {"rose": {"max_queued_tokens": "0", **dict(kv.split("=", 1) for kv in self.args.rose_param)}}
-            repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params)
+            instances = SMOKE_INSTANCES if self.mode == "tiny" else None
+            repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params, instances)
             res["repository"] = "model_repository (max_queued_tokens=0 so 4 x 100 x 4096 tokens may queue)"
             res["params"] = params["rose"]
+            if instances:
+                res["instances"] = instances
         elif system == "naive":
             src = Path(self.args.baseline_repository) if self.args.baseline_repository else \
                 repo_root() / "benchmarks" / "repositories" / "baseline"

@@ -19,13 +19,18 @@ MODES = {
                   tput_batches={512: 5, 1024: 3, 4096: 2}, tput_warmup=1,
                   concurrency=(1, 2, 4, 8, 16), conc_len=512, conc_total=256, conc_warmup=3,
                   gate_lengths=(128, 512, 4096, 37, 1000), pa_interval_ms=1000),
-    # the CPU test of the tool itself: tiny shapes, a handful of requests (numbers mean nothing)
-    "tiny": dict(online=(16, 64), online_n=10, online_warmup=2,
-                 scoring=(2, 4), scoring_len=32, scoring_n=5, scoring_warmup=1,
-                 throughput=(16, 32), tput_batch=4, tput_procs=2, tput_batches={16: 2, 32: 2}, tput_warmup=1,
-                 concurrency=(1, 2), conc_len=32, conc_total=8, conc_warmup=1,
+    # the CPU test of the tool itself: tiny shapes, one cell of each workload, a handful of requests
+    # (numbers mean nothing)
+    "tiny": dict(online=(16,), online_n=10, online_warmup=2,
+                 scoring=(2,), scoring_len=32, scoring_n=5, scoring_warmup=1,
+                 throughput=(16,), tput_batch=4, tput_procs=2, tput_batches={16: 2}, tput_warmup=1,
+                 concurrency=(2,), conc_len=32, conc_total=8, conc_warmup=1,
                  gate_lengths=(5, 17, 64, 100), pa_interval_ms=500),
 }
+# The servers of the CPU smokes (the tiny mode, and multi-gpu --cpu-smoke) run one instance of each
+# tokenize model, as the test servers do (tests/support/server.py): the same path through the tool,
+# and each server starts about half a second and stops a second or two sooner.
+SMOKE_INSTANCES = {"tokenize": 1, "tokenize_batched": 1}
 SYSTEM_MODELS = {"rose": ("tokenize", "tokenize_batched", "rose", "embed"), "naive": ("naive",)}
 TOKEN_MODEL = {"rose": "rose", "naive": "naive"}
 TEXT_MODEL = {"rose": "embed", "naive": "naive"}

@@ -36,7 +36,7 @@ import numpy as np
 from rose_testing import folders
 from rose_testing.compare import cos_dist
 from rose_bench import workloads
-from rose_bench.modes import MODES, SYSTEM_MODELS
+from rose_bench.modes import MODES, SMOKE_INSTANCES, SYSTEM_MODELS
 from rose_bench.record import comma_list, counts_json, git_commit, host_info, log, save_json
 
 
@@ -112,7 +112,8 @@ class MultiGpuBench:
         self.check_ids = [folders.random_ids(np.random.default_rng(5), self.vocab, n) for n in (64, 300, 17)]
         from rose_backend.launch.deployment import DEFAULT_REPOSITORY, repository_copy
         params = {"rose": {"max_queued_tokens": "0", **dict(kv.split("=", 1) for kv in self.args.rose_param)}}
-        self.repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params)      # one for every layout
+        self.repo = repository_copy(DEFAULT_REPOSITORY, self.work / "repo-rose", params,      # one for every layout
+                                    SMOKE_INSTANCES if self.args.cpu_smoke else None)
         self.save()
         ok = True
         size = max(max(self.args.clients), max(self.args.procs))

@@ -40,8 +40,10 @@ def stop_under_traffic(srv, gw, expect: set[int]) -> float:
     return time.monotonic() - t0
 
 
-def test_replicas_down_then_back():
-    with running_server(params=PROMPTS, name="gw-a") as a, running_server(params=PROMPTS, name="gw-b") as b, \
+def test_replicas_down_then_back(minilm_shaped_dir):
+    # minilm_shaped_dir: the requests under which the replicas stop cost a tenth of the CPU
+    model = str(minilm_shaped_dir)
+    with running_server(model, PROMPTS, name="gw-a") as a, running_server(model, PROMPTS, name="gw-b") as b, \
             gateway_for(f"{a.grpc_url},{b.grpc_url}", "failover") as gw:
         assert embed(gw).status_code == 200
         # one replica stopping (SIGTERM) under traffic: the other answers every request, and the

@@ -35,6 +35,7 @@ WINDOW_S = 3.0              # --stub-death-window of this deployment (60 s by de
 INFLIGHT_ERROR_S = 2.0      # the requests a dead stub held get their error within this
 UNREADY_S = 2.0             # ... and readiness says not ready within this
 RECOVERY_S = 20.0           # correct answers again within this of the death, on the CPU
+LOAD_S = 1.0                # the steady load before each kill (kill_under_load's load_s)
 TEXTS = ["Paris is the capital of France.", "the rose is a flower", "a", "search servers answer queries fast " * 30]
 BIG_TEXTS = [f"document {i}: " + " ".join(f"word{(i * 7 + j) % 97} rose server" for j in range(120))
              for i in range(32)]
@@ -83,11 +84,13 @@ def kill_and_recover(dep: Deployment, victim: str):
     """Kill the victim's stub under load (WINDOW_S after the last recovery) and check what was seen."""
     run = dep.run
     assert run.proc.poll() is None, run.output[-3000:]
-    time.sleep(max(0.0, dep.recovered_at + WINDOW_S + 0.5 - time.monotonic()))
+    # the kill comes more than LOAD_S after kill_under_load starts (the steady load runs that long
+    # first): the window's wait is spent under it
+    time.sleep(max(0.0, dep.recovered_at + WINDOW_S + 0.5 - LOAD_S - time.monotonic()))
     pid, after = dep.stub(victim), len(run.lines)
     pattern = restarted_line(victim)
     target = Target(run.grpc_url, f"http://127.0.0.1:{run.ports.http}", run.gateway_url)
-    seen = kill_under_load(target, pid, victim, dep.work,
+    seen = kill_under_load(target, pid, victim, dep.work, load_s=LOAD_S,
                            until=lambda: any(pattern.search(ln) for ln in run.lines[after:]))
     dep.restarts += 1
     print(victim, seen.summary())

@@ -12,7 +12,7 @@ import pytest
 from rose_client.transport import ServerError, StreamConnection
 from rose_testing.waiting import wait_until
 from rose_testing.compare import cos_dist
-from support.metrics import metric, rose_metric, series, wait_idle
+from support.metrics import metric, series, wait_idle
 from support.requests import rose_inputs
 
 pytestmark = pytest.mark.server
@@ -112,6 +112,7 @@ def test_rerank_forwards_the_lane(reranker_server):
         conn.close()
 
 
+N_HUGE = 36                # x 256 tokens: 9,216 > the shipped bulk_threshold_tokens (8,192)
 WORDS = ("rose garden server query index vector model token batch answer river city music school house "
          "world people system film season number state government university region early second").split()
 
@@ -119,28 +120,30 @@ WORDS = ("rose garden server query index vector model token batch answer river c
 def test_queries_are_answered_while_a_huge_embed_is_computed_on_the_shipped_settings(shared_server,
                                                                                      shipped_sentence_model):
     """The shipped repository as it is (bulk_batch_ms auto: 100 ms on the CPU) serving all-MiniLM-L6-v2's
-    real weights: one `embed` of 64 texts of 8,000 characters (16,384 tokens after truncation at 256,
-    seconds of this machine's CPU, bulk by size). Queries sent once its forward passes have begun are
-    each answered while it is still being computed (with bulk_batch_ms=0 its first batch held all its
-    tokens, no query being recent, and each query waited for all of it); its rows match
-    sentence-transformers."""
+    real weights: one `embed` of 36 texts of 8,000 characters (9,216 tokens after truncation at 256:
+    over bulk_threshold_tokens, 8,192, so bulk by size; seconds of this machine's CPU, several times
+    what the queries take). Queries sent once its forward passes have begun are each answered while it
+    is still being computed (with bulk_batch_ms=0 its first batch held all its tokens, no query being
+    recent, and each query waited for all of it); its rows match sentence-transformers."""
     srv = shared_server(None, name="shipped")
     rng = np.random.default_rng(8)
-    texts = [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 1600))[:8000] for _ in range(64)]
+    texts = [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 1600))[:8000] for _ in range(N_HUGE)]
     big_conn, q_conn = StreamConnection(srv.grpc_url), StreamConnection(srv.grpc_url)
     try:
         q_conn.infer("embed", [("TEXT", ["warm"])]).result(60)
-        time.sleep(1.5)                                   # rose's metrics: refreshed once a second
-        before = rose_metric(srv, "rose_batches_total")
+        before = lane_value(srv, "rose_lane_batches_total", "bulk")        # the warm-up request is interactive
         big = big_conn.infer("embed", [("TEXT", texts)])  # no lane named: bulk by size
-        assert wait_until(lambda: big.done() or rose_metric(srv, "rose_batches_total") > before, 120, interval=0.05)
+        # its first bulk batch counted (the metrics refresh about once a second): its passes have
+        # begun, and it is bulk (were it not, this would wait until it was done and the test fail)
+        assert wait_until(lambda: big.done() or lane_value(srv, "rose_lane_batches_total", "bulk") > before, 120,
+                          interval=0.05)
         queries, answers, answered_while_running = [f"query {i} about {WORDS[i]}" for i in range(3)], [], []
         for text in queries:                               # one after another, each once the last is answered
             answers.append(q_conn.infer("embed", [("TEXT", [text])]).result(120)["EMBEDDINGS"][0])
             answered_while_running.append(not big.done())
         emb = big.result(600)["EMBEDDINGS"]
         assert answered_while_running == [True] * 3, answered_while_running
-        assert emb.shape == (64, 384)
+        assert emb.shape == (N_HUGE, 384)
         assert cos_dist(emb, shipped_sentence_model.encode(texts)).max() <= 1e-4
         assert cos_dist(np.stack(answers), shipped_sentence_model.encode(queries)).max() <= 1e-4
     finally:

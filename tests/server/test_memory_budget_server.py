@@ -33,8 +33,9 @@ def test_a_budget_over_memory_limit_mb_refuses_to_load_naming_each_part():
     budget = deployed_budget()
     limit_mb = math.floor(budget.total / MIB) - 1
     assert limit_mb > 0
-    with pytest.raises(LaunchError, match="before it was ready") as e:
-        with running_server(params={"rose": {"memory_limit_mb": str(limit_mb)}}, name="budget-refused", timeout=180):
+    with pytest.raises(LaunchError, match="before it was ready") as e:      # `rose` alone: the server exits sooner
+        with running_server(params={"rose": {"memory_limit_mb": str(limit_mb)}}, name="budget-refused", timeout=180,
+                            models=("rose",)):
             pass
     log = open(re.search(r"see (\S+)$", str(e.value)).group(1)).read()
     line = next((ln for ln in log.splitlines() if "the memory budget does not fit" in ln), None)
@@ -51,7 +52,8 @@ def test_a_budget_that_fits_loads_logs_serves_and_exports_its_parts():
 
     budget = deployed_budget()
     limit_mb = math.ceil(budget.total / MIB)
-    with running_server(params={"rose": {"memory_limit_mb": str(limit_mb)}}, name="budget-fits", timeout=180) as srv:
+    with running_server(params={"rose": {"memory_limit_mb": str(limit_mb)}}, name="budget-fits", timeout=180,
+                        models=("rose",)) as srv:
         with EmbeddingClient(srv.grpc_url) as client:
             emb = client.embed_tokens([[101, 7592, 2088, 102], [101, 2088, 102]])
         assert emb.shape == (2, 384) and np.isfinite(emb).all()

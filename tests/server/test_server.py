@@ -14,6 +14,7 @@ import pytest
 
 from rose_client import EmbeddingClient, ServerError, StreamConnection
 from rose_testing.compare import cos_dist
+from rose_testing.waiting import wait_until
 from support.perf_analyzer import WINDOWS, perf_analyzer_sh
 
 pytestmark = pytest.mark.server
@@ -156,13 +157,21 @@ def test_bad_request_among_good_ones_on_one_stream(server):
 
 def test_metrics_are_exported(server, client):
     client.embed(["count me"])
-    time.sleep(1.5)                                            # metrics refresh once a second
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    for name in ("rose_batches_total", "rose_batch_tokens_total", "rose_queue_tokens", "rose_graph_replays_total"):
+    names = ("rose_batches_total", "rose_batch_tokens_total", "rose_queue_tokens", "rose_graph_replays_total")
+
+    def scraped() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def batches(text: str) -> list[float]:
+        return [float(line.split()[-1]) for line in text.splitlines() if line.startswith("rose_batches_total{")]
+
+    # the metrics refresh once a second: until they show the request (or 10 s)
+    wait_until(lambda: all(n in (t := scraped()) for n in names) and sum(batches(t)) >= 1, 10, interval=0.1)
+    text = scraped()
+    for name in names:
         assert name in text, name
-    batches = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("rose_batches_total{")]
-    assert batches and batches[0] >= 1
+    assert batches(text) and batches(text)[0] >= 1
 
 
 def test_launcher_serves_and_stops_on_sigterm(tmp_path, shipped_sentence_model):

@@ -42,7 +42,7 @@ def test_warm_up_runs_before_ready():
     """The configured batches ran before READY: the engine's batch counter holds them before any
     request was sent (each configuration runs twice: warm, then capture on a GPU)."""
     from support.server import running_server
-    with running_server(params={"rose": {"precapture": "1:8,2:64"}}, name="warmup") as srv:
+    with running_server(params={"rose": {"precapture": "1:8,2:64"}}, name="warmup", models=("rose",)) as srv:
         end = time.monotonic() + 10                                        # metrics refresh once a second
         while metric(srv, "rose_sequences_total") == 0 and time.monotonic() < end:     # (refreshed last)
             time.sleep(0.2)

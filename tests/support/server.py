@@ -80,9 +80,11 @@ def repository_with(params: dict[str, dict[str, str]] | None, dest: Path) -> Pat
 @contextlib.contextmanager
 def running_servers(n: int, model_dir: str | None = None, params: dict | None = None, name: str = "server",
                     env: dict | None = None, timeout: float = 300.0, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S,
-                    api_key: str | None = None, process: type[TritonProcess] = TritonProcess):
+                    api_key: str | None = None, process: type[TritonProcess] = TritonProcess,
+                    models: tuple[str, ...] | None = None):
     """n tritonservers of one repository, started side by side; all stopped (in parallel, in the
-    background: stop_in_background) on exit. process: TritonProcess or a subclass of it."""
+    background: stop_in_background) on exit. process: TritonProcess or a subclass of it; models:
+    those loaded (None: all that the repository serves)."""
     LOG_DIR.mkdir(exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="rose-repo-")            # removed once the servers have exited
     servers: list[TritonProcess] = []
@@ -92,7 +94,7 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
             log = LOG_DIR / f"{name}-{WORKER}{next(_counter)}.log"
             log.unlink(missing_ok=True)
             servers.append(process(model_dir, repo, free_ports(), log_file=log, env={**os.environ, **(env or {})},
-                                   options=ServerOptions(exit_timeout=exit_timeout, api_key=api_key)).start())
+                                   models=models, options=ServerOptions(exit_timeout=exit_timeout, api_key=api_key)).start())
         for s in servers:
             s.wait_ready(timeout)
         yield servers
@@ -103,6 +105,7 @@ def running_servers(n: int, model_dir: str | None = None, params: dict | None = 
 @contextlib.contextmanager
 def running_server(model_dir: str | None = None, params: dict | None = None, name: str = "server",
                    timeout: float = 300.0, env: dict | None = None, exit_timeout: int | None = TEST_EXIT_TIMEOUT_S,
-                   api_key: str | None = None, process: type[TritonProcess] = TritonProcess):
-    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout, api_key, process) as (srv,):
+                   api_key: str | None = None, process: type[TritonProcess] = TritonProcess,
+                   models: tuple[str, ...] | None = None):
+    with running_servers(1, model_dir, params, name, env, timeout, exit_timeout, api_key, process, models) as (srv,):
         yield srv
