@@ -40,7 +40,8 @@ def give_up_on_a_backlog(server, model: str, all_in_rose: bool = False) -> tuple
             inputs = [grpcclient.InferInput("TEXT", [SEQS], "BYTES")]
             inputs[0].set_data_from_numpy(np.array([(f"word{i} " * WORDS).encode()] * SEQS, dtype=object))
         c.async_stream_infer(model, inputs, request_id=str(i))
-    wait_for_backlog(server)
+    # on rose, until half the requests wait in its pool (a poll can come before most have arrived)
+    wait_for_backlog(server, min_tokens=REQUESTS // 2 * SEQS * (WORDS + 2) if model == "rose" else 1)
     deadline = time.monotonic() + 30
     while all_in_rose and (rose_metric(server, "rose_tokenize_encoded_requests_total") - tokenized0 < REQUESTS
                            or rose_metric(server, "rose_queue_tokens") == 0):

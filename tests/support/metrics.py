@@ -50,10 +50,10 @@ def wait_idle(server, timeout: float = 120.0) -> None:
         assert time.monotonic() < deadline, "the server did not go idle"
 
 
-def wait_for_backlog(server, timeout: float = 30.0) -> None:
-    """Until the server's `rose` has tokens waiting in its pool (the gauge is polled about once a
-    second), e.g. before a test gives up on requests it sent, so that some are still queued."""
+def wait_for_backlog(server, timeout: float = 30.0, min_tokens: int = 1) -> None:
+    """Until the server's `rose` has at least `min_tokens` waiting in its pool (the gauge is polled
+    about once a second), e.g. before a test gives up on requests it sent, so that some are still queued."""
     deadline = time.monotonic() + timeout
-    while rose_metric(server, "rose_queue_tokens") == 0:
+    while rose_metric(server, "rose_queue_tokens") < min_tokens:
         assert time.monotonic() < deadline, "rose never had a backlog of the requests sent"
         time.sleep(0.05)
