@@ -52,7 +52,7 @@ class EmbeddingService(IdleInlineWorker):
         Engine on the same weights for interactive batches (query_lane.py); on_piece and release:
         completion.py."""
         super().__init__("rose-scheduler")
-        self.engine, self.on_piece, self.inline, self.settings = engine, on_piece, settings.inline, settings
+        self.engine, self.on_piece, self.inline = engine, on_piece, settings.inline
         self.clock = clock                                   # a StageClock, or None
         self._busy = False                                   # a thread is running the engine's step
         self.whole_runs, self._whole = WholeRuns(settings.backlog_us), False     # _whole: the inline request runs whole
@@ -125,7 +125,7 @@ class EmbeddingService(IdleInlineWorker):
                              f"(limit max_queued_tokens={self.max_queued_tokens}); retry later")
         self.stats.requests += 1
         self.lanes.seen(lane, time.monotonic())
-        concurrent = self._admitted != self.done.finished        # another request is still unanswered
+        concurrent = not self._all_answered()                     # another request is still unanswered
         inline = (request.num_tokens <= self.scheduler.max_batch_tokens and request.num_seqs <= self.scheduler.max_batch_seqs
                   and self.lanes.runs_alone(lane, request.num_tokens) and self._idle_soon())
         self._admitted += 1
@@ -142,12 +142,15 @@ class EmbeddingService(IdleInlineWorker):
         """Lock held: a request now may be launched on the submitting thread."""
         return self.inline and not self._busy and not self.running() and not self.scheduler.has_work()
 
+    def _all_answered(self) -> bool:
+        return self._admitted == self.done.finished
+
     def _idle_soon(self) -> bool:
         """Lock held: _idle(), or so within IDLE_WAIT_S where every request admitted is answered
         (what runs is the loop thread's end of the last one, not concurrent traffic)."""
         if self._idle():
             return True
-        if not self.inline or self._admitted != self.done.finished:
+        if not self.inline or not self._all_answered():
             return False
         deadline = time.perf_counter() + IDLE_WAIT_S
         while not self._idle():

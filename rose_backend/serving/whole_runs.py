@@ -38,7 +38,10 @@ class WholeRuns:
     def concurrent(self) -> None:
         """A request arrived while another was unanswered."""
         self.concurrent_arrivals += 1
-        self._until_ns = max(self._until_ns, time.perf_counter_ns() + int(BATCH_HOLD_S * 1e9))
+        self._hold(time.perf_counter_ns(), BATCH_HOLD_S)
+
+    def _hold(self, now_ns: int, seconds: float) -> None:
+        self._until_ns = max(self._until_ns, now_ns + int(seconds * 1e9))     # a hold never shortens another
 
     def allowed(self, lane: str) -> bool:
         """An inline request of `lane` arriving now runs whole (a backlog starts the hold)."""
@@ -46,7 +49,7 @@ class WholeRuns:
             return False
         now = time.perf_counter_ns()
         if self._returned_ns is not None and now - self._returned_ns < self._backlog_ns:
-            self._until_ns = max(self._until_ns, now + int(BACKLOG_HOLD_S * 1e9))
+            self._hold(now, BACKLOG_HOLD_S)
             self.backlogs += 1
             return False
         return now >= self._until_ns
