@@ -9,6 +9,7 @@
     python -m rose_bench host-path                         # one request's host path, per stage
     python -m rose_bench tail                              # where a concurrent load's slowest requests spend their time
     python -m rose_bench lanes --model bge-m3              # queries beside a bulk load (--modelled-device: no GPU)
+    python -m rose_bench query-overlap                     # the query lane's engine beside bulk batches, engine level
     python -m rose_bench http                              # the HTTP gateway beside gRPC embed and rose (perf_analyzer)
     python -m rose_bench gateway                           # the HTTP gateway's cost over rose_client's direct gRPC
     python -m rose_bench gateway-cpu --baseline REV        # the gateway's own CPU per request, this tree and REV's

@@ -29,6 +29,14 @@ def precapture_plan(value: str, cuda: bool, max_tokens: int, max_seqs: int, max_
     return plan
 
 
+def query_lane_plan(warm: list[tuple[int, int]], bulk_threshold_tokens: int) -> list[tuple[int, int]]:
+    """What the query lane's engine (serving/query_lane.py) warms up of the main engine's list: the
+    one-sequence configurations an interactive request can take (at most bulk_threshold_tokens), the
+    lone queries that meet bulk work. Other interactive shapes run eagerly at first sight and are
+    captured at their second, as on the main engine, so the second engine adds few captures to READY."""
+    return [(s, t) for s, t in warm if s == 1 and t <= bulk_threshold_tokens]
+
+
 def parse_precapture(value: str) -> list[tuple[int, int]]:
     """Parameter `precapture` as [(seqs, tokens), ...] ("none" and "" give [])."""
     out = []

@@ -41,7 +41,7 @@ from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
-from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan
+from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan, query_lane_plan
 from rose_backend.triton.decoupled import DecoupledModel, send_final
 from rose_backend.triton.lane_metrics import lane_series
 from rose_backend.triton.model_settings import RoseSettings
@@ -106,7 +106,10 @@ class RoseModel(DecoupledModel):
         self.budget = self.engine.budget + query_engine.budget
         pb_utils.Logger.log_info(f"rose: memory budget of the query lane's engine: {query_engine.budget.describe()}; "
                                  f"both engines {self.budget.total / MIB:.0f} MiB (limit {limit})")
-        query_engine.precapture([c for c in warm if c[1] <= s.bulk_threshold_tokens])
+        plan, t0 = query_lane_plan(warm, s.bulk_threshold_tokens), time.perf_counter()
+        query_engine.precapture(plan)
+        pb_utils.Logger.log_info(f"rose: warmed up the query lane's engine on {len(plan)} configurations in "
+                                 f"{time.perf_counter() - t0:.1f} s: {plan}")
         return query_engine
 
     def _warm_up(self, s: RoseSettings, cfg: ModelConfig) -> list[tuple[int, int]]:
@@ -117,7 +120,7 @@ class RoseModel(DecoupledModel):
                                max_len=cfg.max_positions, **s.engine_limits(cfg))
         t0 = time.perf_counter()
         self.engine.precapture(warm)
-        log.info("rose: warmed up %d configurations in %.1f s: %s", len(warm), time.perf_counter() - t0, warm)
+        pb_utils.Logger.log_info(f"rose: warmed up {len(warm)} configurations in {time.perf_counter() - t0:.1f} s: {warm}")
         stats = self.engine.stats
         if stats.capture_refused:
             pb_utils.Logger.log_warn(

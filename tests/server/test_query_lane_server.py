@@ -1,5 +1,6 @@
 """`rose` with interactive_stream=on on a real tritonserver (CPU): the query lane's second engine
-loads beside the main one and its memory budget is counted (logged, and in the budget gauges), and
+loads beside the main one, warms up what the query lane's plan names, and its memory budget is counted
+(logged, and in the budget gauges), and
 queries and bulk requests sent together over gRPC are answered with what sentence-transformers gives
 for the same texts."""
 import re
@@ -34,6 +35,8 @@ def test_queries_and_bulk_through_the_query_lane_match_sentence_transformers(min
     lane = re.search(r"rose: memory budget of the query lane's engine: .*weights 0 MiB.* = (\d+) MiB; both engines (\d+) MiB", log)
     assert main and lane, log[-3000:]
     assert abs(int(main.group(1)) + int(lane.group(1)) - int(lane.group(2))) <= 1     # rounding to MiB
+    assert re.search(r"rose: warmed up 1 configurations in [\d.]+ s: \[\(1, 8\)\]", log), log[-3000:]
+    assert re.search(r"rose: warmed up the query lane's engine on 1 configurations in [\d.]+ s: \[\(1, 8\)\]", log)
     for texts, key in ((queries, "queries"), (bulk, "bulk")):
         gap = cos_dist(got[key], sentence_model.encode(texts, normalize_embeddings=True))
         assert float(gap.max()) < 1e-5, (key, float(gap.max()))

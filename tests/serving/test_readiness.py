@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rose_backend.serving.warmup import DEFAULT_GPU_PRECAPTURE, precapture_plan
+from rose_backend.serving.warmup import DEFAULT_GPU_PRECAPTURE, precapture_plan, query_lane_plan
 from rose_backend.launch.supervision import cache_env
 from support.metrics import metric
 
@@ -16,6 +16,13 @@ def test_default_plans():
     assert len(gpu) == len(DEFAULT_GPU_PRECAPTURE.split(","))
     assert precapture_plan("", False, 16384, 64, 512) == [(1, 8)]          # CPU: one tiny batch
     assert precapture_plan("none", True, 16384, 64, 512) == []
+
+
+def test_the_query_lanes_engine_warms_up_the_one_sequence_configurations():
+    gpu = precapture_plan("", True, max_tokens=16384, max_seqs=64, max_len=8192)
+    assert query_lane_plan(gpu, 8192) == [(1, 64), (1, 128), (1, 256), (1, 512)]
+    assert query_lane_plan(gpu, 200) == [(1, 64), (1, 128)]      # longer ones are bulk by size
+    assert query_lane_plan([(1, 8)], 8192) == [(1, 8)]             # the CPU's list
 
 
 def test_plans_fit_the_engine_limits():

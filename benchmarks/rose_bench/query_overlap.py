@@ -1,0 +1,212 @@
+"""A query beside bulk batches, engine level: how long a short query on the query lane's engine takes
+while the main engine keeps bulk batches in flight, per variant of what the bulk batches run.
+
+    source benchmarks/gpu/enter_bench.sh && python3 -m rose_bench query-overlap --out $OUT \\
+        --models bge-m3,pplx-embed --variants "default:;varlen:engine.attention=torch_varlen"
+
+The query lane (rose_backend/serving/query_lane.py) runs interactive batches on a second Engine on
+the same weights, on a CUDA stream of higher priority, beside the bulk batches. How much that shortens
+a query depends on whether the GPU lets the query's kernels in while a bulk kernel runs, which
+depends on the bulk kernels (persistent kernels hold every SM until they end; a kernel launched with
+programmatic dependent launch is resident before the one before it ends). This bench isolates that
+from the server: per model and variant, one process of its own (environment switches read at import
+or at capture then apply), both engines built as `rose` builds them, and after warming both:
+- queries alone: `--queries` single 1 x `--query-len` batches on the query engine, one after another;
+- bulk alone: `--bulk-seqs` x `--bulk-len` batches on the main engine, `--inflight` in flight, for
+  `--seconds`;
+- both: the bulk loop as before while one query is launched every `--period-ms` from the same thread
+  (as the service's scheduler launches both), each timed from its launch to its result on the host.
+A variant is NAME:SETTING,... with SETTING engine.attention=BACKEND (both engines' attention),
+engine.bulk_sms=N (the bulk batches on a stream of a CUDA green context of N SMs, which the queries'
+kernels never wait for) or env.VAR=VALUE (e.g. env.ROSE_FLASHINFER_PDL=0,
+env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3). `--trace MODEL/VARIANT,...`: for those cells, a torch
+profiler trace of `--trace-ms` of the `both` phase (<out>/trace-MODEL-VARIANT.json: both streams' kernels).
+Results: <out>/query_overlap.json (command, git commit, machine, date), rewritten after every cell.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from rose_bench.record import cuda_available, log, run_record, save_json
+from rose_bench.tail import parse_variant
+
+ENGINE_SETTINGS = ("attention", "bulk_sms")
+
+
+def percentiles(ms: list[float]) -> dict:
+    if not ms:
+        return {"n": 0}
+    a = np.asarray(ms)
+    return {"n": len(ms), **{f"p{q}_ms": round(float(np.percentile(a, q)), 3) for q in (50, 90, 99)},
+            "max_ms": round(float(a.max()), 3)}
+
+
+def build_engines(folder: Path, device: str, attention: str | None):
+    """The main engine and the query lane's engine on its weights, with rose's options for each."""
+    from rose_backend.config import ModelConfig
+    from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
+    from rose_backend.triton.engine_options import query_options
+    cfg = ModelConfig.from_folder(str(folder))
+    main = Engine(cfg, device, EngineOptions(attention=attention))
+    query = Engine(cfg, device, query_options(main.options, main.budget.total), weights_from=main)
+    return cfg, main, query
+
+
+def backend_of(engine, batch) -> str:
+    """The attention backend `engine` runs `batch` with (chosen per graph bucket)."""
+    s, t = batch.num_seqs, batch.num_tokens
+    return engine.backend_for(*(engine.graphs.key_for(s, t) if engine.graphs_on else (s, t)))
+
+
+def run_loop(main, query, bulk, q_batch, seconds: float, inflight: int, period_s: float, bulk_ctx) -> dict:
+    """Bulk batches kept `inflight` deep on `main` for `seconds`; with `query`, one query every
+    period_s from this thread. Returns the queries' latencies (ms) and the bulk sequences per second."""
+    pending: deque = deque()
+    lat: list[float] = []
+    done_seqs, q = 0, None
+    t0 = time.perf_counter()
+    t_end, next_q = t0 + seconds, t0 + period_s
+    while True:
+        now = time.perf_counter()
+        if now >= t_end and q is None:
+            break
+        while now < t_end and len(pending) < inflight:
+            with bulk_ctx():
+                pending.append(main.step(bulk))
+        if query is not None and q is None and now >= next_q and now < t_end:
+            q, next_q = (query.step(q_batch), now), max(next_q + period_s, now)
+        if q is not None and q[0].ready():
+            q[0].synchronize()
+            lat.append((time.perf_counter() - q[1]) * 1e3)
+            q = None
+        if pending and pending[0].ready():
+            pending.popleft().synchronize()
+            done_seqs += bulk.num_seqs
+    for lt in pending:
+        lt.synchronize()
+    return {"query": percentiles(lat), "bulk_seqs_per_s": round(done_seqs / (time.perf_counter() - t0), 1)}
+
+
+def one(model: str, variant: str, args) -> dict:
+    """One model and variant in this process (its environment already set by the parent)."""
+    import torch
+    from rose_backend.engine.batch import PackedBatch
+    from rose_testing.folders import make_folder
+    name, params, _, _ = parse_variant(variant)
+    eng = params.get("engine", {})
+    unknown = set(eng) - set(ENGINE_SETTINGS) or set(params) - {"engine"}
+    if unknown:
+        raise ValueError(f"variant {name!r}: unknown setting(s) {sorted(unknown)}; engine.* takes {ENGINE_SETTINGS}")
+    device = "cuda" if cuda_available() else "cpu"
+    folder = make_folder(model, Path(args.folders) / model, device=device)
+    cfg, main, query = build_engines(folder, device, eng.get("attention"))
+    bulk_ctx = contextlib.nullcontext
+    if "bulk_sms" in eng:
+        from torch.cuda.green_contexts import GreenContext
+        stream = GreenContext.create(num_sms=int(eng["bulk_sms"]), device_id=main.device.index).Stream()
+
+        def bulk_ctx():
+            return torch.cuda.stream(stream)
+    rng = np.random.default_rng(0)
+    bulk = PackedBatch.filler(args.bulk_seqs, args.bulk_seqs * args.bulk_len, cfg.vocab_size, rng)
+    q_batch = PackedBatch.filler(1, args.query_len, cfg.vocab_size, rng)
+    t0 = time.perf_counter()
+    with bulk_ctx():
+        main.precapture([(bulk.num_seqs, bulk.num_tokens)])
+    query.precapture([(1, args.query_len)])
+    res = {"variant": variant, "warm_s": round(time.perf_counter() - t0, 1),
+           "backends": {"bulk": backend_of(main, bulk), "query": backend_of(query, q_batch)}}
+    alone = []
+    for _ in range(args.queries):
+        t = time.perf_counter()
+        query.step(q_batch).synchronize()
+        alone.append((time.perf_counter() - t) * 1e3)
+    res["queries_alone"] = percentiles(alone)
+    res["bulk_alone"] = run_loop(main, None, bulk, q_batch, args.seconds, args.inflight, 0, bulk_ctx)
+    res["both"] = run_loop(main, query, bulk, q_batch, args.seconds, args.inflight, args.period_ms / 1e3, bulk_ctx)
+    res["both"]["bulk_vs_alone"] = round(res["both"]["bulk_seqs_per_s"] / max(res["bulk_alone"]["bulk_seqs_per_s"], 1e-9), 3)
+    if f"{model}/{name}" in args.trace.split(",") and device == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run_loop(main, query, bulk, q_batch, args.trace_ms / 1e3, args.inflight, args.period_ms / 1e3, bulk_ctx)
+        prof.export_chrome_trace(str(Path(args.out) / f"trace-{model}-{name}.json"))
+    return res
+
+
+def table(result: dict) -> str:
+    lines = ["| model | variant | bulk / query attention | query alone p50 / p99 ms | both: query p50 / p99 / max ms "
+             "| bulk seq/s alone | both: bulk vs alone |", "|---|---|---|---|---|---|---|"]
+    for key, r in result["cells"].items():
+        model, name = key.split("/", 1)
+        if "error" in r:
+            lines.append(f"| {model} | {name} | {r['error'][:120]} | | | | |")
+            continue
+        a, b = r["queries_alone"], r["both"]["query"]
+        lines.append(f"| {model} | {name} | {r['backends']['bulk']} / {r['backends']['query']} "
+                     f"| {a.get('p50_ms')} / {a.get('p99_ms')} | {b.get('p50_ms')} / {b.get('p99_ms')} / {b.get('max_ms')} "
+                     f"| {r['bulk_alone']['bulk_seqs_per_s']} | {r['both']['bulk_vs_alone']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/rose-query-overlap")
+    ap.add_argument("--models", default="bge-m3,pplx-embed")
+    ap.add_argument("--variants", default="default:;varlen:engine.attention=torch_varlen")
+    ap.add_argument("--query-len", type=int, default=128)
+    ap.add_argument("--queries", type=int, default=200, help="queries alone")
+    ap.add_argument("--period-ms", type=float, default=20.0, help="one query this often beside the bulk batches")
+    ap.add_argument("--bulk-seqs", type=int, default=32)
+    ap.add_argument("--bulk-len", type=int, default=512)
+    ap.add_argument("--inflight", type=int, default=2, help="bulk batches in flight (rose's max_inflight)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="each of the bulk-alone and both phases")
+    ap.add_argument("--trace", default="", metavar="MODEL/VARIANT,...", help="cells to trace (GPU)")
+    ap.add_argument("--trace-ms", type=float, default=200.0)
+    ap.add_argument("--folders", default="/tmp/rose-folders")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per (model, variant) process")
+    ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--one", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        print("RESULT " + json.dumps(one(*args.one, args)), flush=True)
+        return 0
+    device = "cuda" if cuda_available() else "cpu"
+    result = {**run_record(args.git_commit, device),
+              "settings": {k: v for k, v in vars(args).items() if k not in ("out", "one", "git_commit")}, "cells": {}}
+    t_start = time.monotonic()
+    passthrough = list(argv if argv is not None else sys.argv[1:])
+    for model in args.models.split(","):
+        for variant in filter(None, args.variants.split(";")):
+            name, _, _, env = parse_variant(variant)
+            cmd = [sys.executable, "-m", "rose_bench", "query-overlap", *passthrough, "--one", model, variant]
+            try:
+                proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                text = (proc.stdout + proc.stderr).strip()
+                cell = json.loads(lines[-1][7:]) if lines else {
+                    "variant": variant, "error": f"exit {proc.returncode}: {text.splitlines()[-1] if text else ''}",
+                    "log": text[-1500:]}
+            except subprocess.TimeoutExpired:
+                cell = {"variant": variant, "error": f"timed out after {args.timeout} s"}
+            result["cells"][f"{model}/{name}"] = cell
+            log(f"{model}/{name}: " + json.dumps({k: v for k, v in cell.items() if k not in ("variant", "log")})[:400])
+            save_json(out / "query_overlap.json", result, t_start)
+    print(table(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""`rose_bench query-overlap` on the CPU: both engines built as `rose` builds them (the query lane's
+on the main engine's weights), the three phases measured, one process per variant with its
+environment, and a variant it cannot run recorded as that cell's error. The numbers mean nothing on
+the CPU (a step computes before it returns); the GPU runs are committed."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_query_overlap_measures_each_variant_in_a_process_of_its_own(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("", "ensemble", "client", "benchmarks")))
+    p = subprocess.run([sys.executable, "-m", "rose_bench", "query-overlap", "--models", "tiny-qwen3", "--out", str(out),
+                        "--variants", "default:;no-backend:env.ROSE_ATTENTION_EXCLUDE=sdpa_loop;typo:engine.atention=x",
+                        "--queries", "10", "--seconds", "0.5", "--period-ms", "5", "--folders", str(tmp_path / "folders"),
+                        "--git-commit", "test"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "query_overlap.json").read_text())
+    assert r["git"]["commit"] == "test" and r["date"] and "query-overlap" in r["command"]
+    cell = r["cells"]["tiny-qwen3/default"]
+    assert cell["backends"] == {"bulk": "sdpa_loop", "query": "sdpa_loop"}
+    assert cell["queries_alone"]["n"] == 10 and cell["queries_alone"]["p50_ms"] > 0
+    assert cell["bulk_alone"]["bulk_seqs_per_s"] > 0 and cell["bulk_alone"]["query"] == {"n": 0}
+    assert cell["both"]["query"]["n"] >= 1 and cell["both"]["bulk_seqs_per_s"] > 0
+    # the variant's environment reaches its process: with its only CPU backend excluded, nothing runs
+    assert "no attention backend can run here" in r["cells"]["tiny-qwen3/no-backend"]["error"]
+    assert "unknown setting(s) ['atention']" in r["cells"]["tiny-qwen3/typo"]["error"]
+    assert "| tiny-qwen3 | default | sdpa_loop / sdpa_loop |" in p.stdout
