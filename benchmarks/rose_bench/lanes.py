@@ -191,6 +191,19 @@ def delta(before: dict, after: dict) -> dict:
     return {k: round(after[k] - before.get(k, 0.0), 6) for k in after if after[k] != before.get(k, 0.0)}
 
 
+def startup_lines(log_file: Path, offset: int) -> list[str]:
+    """rose's start-up lines in a server log from byte `offset` on (a log may hold earlier runs):
+    each engine's memory budget and what it warmed up in how long (the parts of READY that the query
+    lane adds)."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return re.findall(r'rose: (?:memory budget|warmed up)[^\n"]*', text)
+
+
 def one_variant(folder: Path | None, variant: str, vocab: int, work: Path, args) -> dict:
     from rose_backend.launch.deployment import DEFAULT_REPOSITORY, free_ports, repository_copy
     from rose_backend.launch.tritonserver import TritonProcess
@@ -203,6 +216,8 @@ def one_variant(folder: Path | None, variant: str, vocab: int, work: Path, args)
     # the server's thread settings as it got them (unset: torch's default, one thread per core)
     res: dict = {"variant": variant, "phases": {},
                  "server_threads_env": {k: srv.env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in srv.env}}
+    log_file = work / f"triton-{name}.log"
+    offset = log_file.stat().st_size if log_file.exists() else 0
     t0 = time.monotonic()
     srv.start()
     try:
@@ -221,6 +236,7 @@ def one_variant(folder: Path | None, variant: str, vocab: int, work: Path, args)
             log(f"{name} / {phase}: {json.dumps(shown)}")
     finally:
         res["server_exit_code"] = srv.stop()
+        res["startup_lines"] = startup_lines(log_file, offset)
     alone = res["phases"].get("bulk alone", {}).get("bulk", {}).get("emb_per_s")
     both = res["phases"].get("both", {}).get("bulk", {}).get("emb_per_s")
     if alone and both:
