@@ -140,22 +140,61 @@ def one(model: str, variant: str, args) -> dict:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             run_loop(main, query, bulk, q_batch, args.trace_ms / 1e3, args.inflight, args.period_ms / 1e3, bulk_ctx)
-        prof.export_chrome_trace(str(Path(args.out) / f"trace-{model}-{name}.json"))
+        path = Path(args.out) / f"trace-{model}-{name}.json"
+        prof.export_chrome_trace(str(path))
+        res["trace"] = {"file": path.name, **trace_summary(json.loads(path.read_text()))}
     return res
+
+
+def trace_summary(trace: dict) -> dict:
+    """From a profiler trace of the `both` phase (chrome trace JSON): the bulk stream (the one whose
+    kernels ran longest) and the query stream's kernels, and how much of the query kernels' time a
+    bulk kernel ran beside them. Near 0: a query kernel starts only once the bulk kernel before it has
+    left the SMs (queries wait a bulk batch's kernels out); near 1: they share the GPU."""
+    streams: dict = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel" and "dur" in e:
+            streams.setdefault(e.get("args", {}).get("stream"), []).append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+    if len(streams) < 2:
+        return {"streams": len(streams)}
+    bulk_id = max(streams, key=lambda k: sum(b - a for a, b in streams[k]))
+    union: list[list[float]] = []
+    for a, b in sorted(streams[bulk_id]):
+        if union and a <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], b)
+        else:
+            union.append([a, b])
+    starts = [u[0] for u in union]
+    query = sorted(k for sid in streams if sid != bulk_id for k in streams[sid])
+    shared = started_beside = 0.0
+    for a, b in query:
+        i = max(0, int(np.searchsorted(starts, a, side="right")) - 1)
+        started_beside += bool(union and union[i][0] <= a < union[i][1])
+        while i < len(union) and union[i][0] < b:
+            shared += max(0.0, min(b, union[i][1]) - max(a, union[i][0]))
+            i += 1
+    busy = sum(b - a for a, b in query)
+    return {"bulk_kernels": len(streams[bulk_id]),
+            "bulk_kernel_mean_us": round(sum(b - a for a, b in streams[bulk_id]) / len(streams[bulk_id]), 1),
+            "query_kernels": len(query), "query_kernel_mean_us": round(busy / max(len(query), 1), 1),
+            "query_time_beside_bulk": round(shared / busy, 3) if busy else None,
+            "query_kernels_started_beside_bulk": round(started_beside / max(len(query), 1), 3)}
 
 
 def table(result: dict) -> str:
     lines = ["| model | variant | bulk / query attention | query alone p50 / p99 ms | both: query p50 / p99 / max ms "
-             "| bulk seq/s alone | both: bulk vs alone |", "|---|---|---|---|---|---|---|"]
+             "| bulk seq/s alone | both: bulk vs alone | query kernel time beside bulk (trace) |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, r in result["cells"].items():
         model, name = key.split("/", 1)
         if "error" in r:
-            lines.append(f"| {model} | {name} | {r['error'][:120]} | | | | |")
+            lines.append(f"| {model} | {name} | {r['error'][:120]} | | | | | |")
             continue
         a, b = r["queries_alone"], r["both"]["query"]
         lines.append(f"| {model} | {name} | {r['backends']['bulk']} / {r['backends']['query']} "
                      f"| {a.get('p50_ms')} / {a.get('p99_ms')} | {b.get('p50_ms')} / {b.get('p99_ms')} / {b.get('max_ms')} "
-                     f"| {r['bulk_alone']['bulk_seqs_per_s']} | {r['both']['bulk_vs_alone']} |")
+                     f"| {r['bulk_alone']['bulk_seqs_per_s']} | {r['both']['bulk_vs_alone']} "
+                     f"| {r.get('trace', {}).get('query_time_beside_bulk', '')} |")
     return "\n".join(lines)
 
 

@@ -30,3 +30,19 @@ def test_query_overlap_measures_each_variant_in_a_process_of_its_own(tmp_path):
     assert "no attention backend can run here" in r["cells"]["tiny-qwen3/no-backend"]["error"]
     assert "unknown setting(s) ['atention']" in r["cells"]["tiny-qwen3/typo"]["error"]
     assert "| tiny-qwen3 | default | sdpa_loop / sdpa_loop |" in p.stdout
+
+
+def test_the_trace_summary_says_how_much_of_the_query_kernels_time_shared_the_gpu_with_bulk():
+    from rose_bench.query_overlap import trace_summary
+
+    def kernel(stream, ts, dur):
+        return {"cat": "kernel", "ts": ts, "dur": dur, "args": {"stream": stream}}
+    bulk = [kernel(7, 0, 100), kernel(7, 100, 100), kernel(7, 250, 100)]
+    # one query kernel wholly beside a bulk kernel, one in the gap between two, one half beside
+    query = [kernel(20, 10, 10), kernel(20, 210, 30), kernel(20, 340, 20)]
+    s = trace_summary({"traceEvents": bulk + query + [{"cat": "cpu_op", "ts": 0, "dur": 5}]})
+    assert s["bulk_kernels"] == 3 and s["bulk_kernel_mean_us"] == 100.0
+    assert s["query_kernels"] == 3 and s["query_kernel_mean_us"] == 20.0
+    assert s["query_time_beside_bulk"] == round((10 + 0 + 10) / 60, 3)
+    assert s["query_kernels_started_beside_bulk"] == round(2 / 3, 3)
+    assert trace_summary({"traceEvents": bulk}) == {"streams": 1}
