@@ -40,7 +40,7 @@ import numpy as np
 from rose_bench.record import cuda_available, log, run_record, save_json
 from rose_bench.tail import parse_variant
 
-ENGINE_SETTINGS = ("attention", "bulk_sms")
+ENGINE_SETTINGS = ("attention", "bulk_sms")      # a variant's engine.* settings
 
 
 def percentiles(ms: list[float]) -> dict:
@@ -98,16 +98,24 @@ def run_loop(main, query, bulk, q_batch, seconds: float, inflight: int, period_s
     return {"query": percentiles(lat), "bulk_seqs_per_s": round(done_seqs / (time.perf_counter() - t0), 1)}
 
 
+def checked_variant(variant: str) -> tuple[str, dict]:
+    """A variant's name and engine settings; ValueError naming what it cannot take."""
+    name, params, counts, _ = parse_variant(variant)
+    eng = params.get("engine", {})
+    unknown = sorted(set(eng) - set(ENGINE_SETTINGS)) + sorted(f"{m}.*" for m in set(params) - {"engine"}) + \
+        sorted(f"{m}.count" for m in counts)
+    if unknown:
+        raise ValueError(f"variant {name!r}: unknown setting(s) {unknown}; it takes engine.attention, "
+                         f"engine.bulk_sms and env.VAR")
+    return name, eng
+
+
 def one(model: str, variant: str, args) -> dict:
     """One model and variant in this process (its environment already set by the parent)."""
     import torch
     from rose_backend.engine.batch import PackedBatch
     from rose_testing.folders import make_folder
-    name, params, _, _ = parse_variant(variant)
-    eng = params.get("engine", {})
-    unknown = set(eng) - set(ENGINE_SETTINGS) or set(params) - {"engine"}
-    if unknown:
-        raise ValueError(f"variant {name!r}: unknown setting(s) {sorted(unknown)}; engine.* takes {ENGINE_SETTINGS}")
+    name, eng = checked_variant(variant)
     device = "cuda" if cuda_available() else "cpu"
     folder = make_folder(model, Path(args.folders) / model, device=device)
     cfg, main, query = build_engines(folder, device, eng.get("attention"))
@@ -217,6 +225,11 @@ def main(argv=None) -> int:
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    for variant in filter(None, args.variants.split(";")):
+        try:
+            checked_variant(variant)
+        except ValueError as e:
+            ap.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.one:

@@ -1,7 +1,7 @@
 """`rose_bench query-overlap` on the CPU: both engines built as `rose` builds them (the query lane's
 on the main engine's weights), the three phases measured, one process per variant with its
-environment, and a variant it cannot run recorded as that cell's error. The numbers mean nothing on
-the CPU (a step computes before it returns); the GPU runs are committed."""
+environment, a variant that fails recorded as its cell's error and one naming an unknown setting
+refused before anything runs. The numbers mean nothing on the CPU (a step computes before it returns)."""
 import json
 import os
 import subprocess
@@ -15,7 +15,7 @@ def test_query_overlap_measures_each_variant_in_a_process_of_its_own(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("", "ensemble", "client", "benchmarks")))
     p = subprocess.run([sys.executable, "-m", "rose_bench", "query-overlap", "--models", "tiny-qwen3", "--out", str(out),
-                        "--variants", "default:;no-backend:env.ROSE_ATTENTION_EXCLUDE=sdpa_loop;typo:engine.atention=x",
+                        "--variants", "default:;no-backend:env.ROSE_ATTENTION_EXCLUDE=sdpa_loop",
                         "--queries", "10", "--seconds", "0.5", "--period-ms", "5", "--folders", str(tmp_path / "folders"),
                         "--git-commit", "test"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -28,8 +28,17 @@ def test_query_overlap_measures_each_variant_in_a_process_of_its_own(tmp_path):
     assert cell["both"]["query"]["n"] >= 1 and cell["both"]["bulk_seqs_per_s"] > 0
     # the variant's environment reaches its process: with its only CPU backend excluded, nothing runs
     assert "no attention backend can run here" in r["cells"]["tiny-qwen3/no-backend"]["error"]
-    assert "unknown setting(s) ['atention']" in r["cells"]["tiny-qwen3/typo"]["error"]
     assert "| tiny-qwen3 | default | sdpa_loop / sdpa_loop |" in p.stdout
+
+
+def test_a_variant_it_cannot_run_is_refused_before_anything_runs(tmp_path, capsys):
+    import pytest
+    from rose_bench.query_overlap import main
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "out"), "--variants", "default:;typo:engine.atention=x,rose.count=2"])
+    assert e.value.code == 2
+    assert "variant 'typo': unknown setting(s) ['atention', 'rose.count']" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_trace_summary_says_how_much_of_the_query_kernels_time_shared_the_gpu_with_bulk():
