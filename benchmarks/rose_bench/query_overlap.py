@@ -76,7 +76,7 @@ def run_loop(main, query, bulk, q_batch, seconds: float, inflight: int, period_s
     lat: list[float] = []
     done_seqs, q = 0, None
     t0 = time.perf_counter()
-    t_end, next_q = t0 + seconds, t0 + period_s
+    t_end, next_q = t0 + seconds, t0
     while True:
         now = time.perf_counter()
         if now >= t_end and q is None:

@@ -225,15 +225,24 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(
     monkeypatch.setattr(whole_runs, "BATCH_HOLD_S", 1.0)    # the hold outlasts a loaded machine's pauses
     gate = Gate(engine)
     done, where, lock = [], {}, threading.Lock()
+    first, later = request(40), [request(41 + i, n=1) for i in range(6)]
+    # the first two of the batch's answers wait for each other: only two responders at once get past
+    # (one alone waits out the timeout, and the side-by-side check below then fails)
+    meet, met = threading.Barrier(2, timeout=10), []
 
     def answer(r):
+        if any(r is x for x in later[:2]):
+            try:
+                meet.wait()
+                met.append(r)
+            except threading.BrokenBarrierError:
+                pass
         time.sleep(0.01)                         # a send: the GIL is free meanwhile
         with lock:
             done.append(r)
             where.setdefault(id(r), []).append(threading.current_thread().name)
 
     svc = EmbeddingService(gate, answer, ServiceSettings(response_threads=3))
-    first, later = request(40), [request(41 + i, n=1) for i in range(6)]
     try:
         t = pooled_behind_an_inline_step(svc, gate, first, later)   # pooled: batched together
         gate.open.set()
@@ -241,7 +250,7 @@ def test_a_batch_is_answered_by_the_responders_and_a_lone_request_by_its_caller(
         assert wait_until(lambda: len(done) == 7, 30)
         assert all(len(where[id(r)]) == 1 and r.error is None for r in [first] + later)   # once each
         assert {where[id(r)][0] for r in later} <= {f"rose-responder-{i}" for i in range(3)}
-        assert len({where[id(r)][0] for r in later}) > 1                                 # side by side
+        assert len(met) == 2 and where[id(later[0])] != where[id(later[1])]               # side by side
         soon = request(49)                       # concurrent traffic just now: launched here, not run whole
         svc.submit(soon)
         assert wait_until(lambda: len(done) == 8, 30) and where[id(soon)] != [threading.current_thread().name]
