@@ -45,8 +45,17 @@ def vectors(body: dict) -> np.ndarray:
 
 
 def tokenized(conn, texts, task=None) -> dict:
-    return conn.infer("tokenize", [("TEXT", texts)] + ([("TASK", [task])] if task else []),
-                      ["INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"]).result(120)
+    """`tokenize`'s answer, asked on a stream of its own on conn's channel. Triton 2.51 serialises
+    the writes of a stream's decoupled models (embed, encode, rose) among themselves, but writes a
+    non-decoupled model's response (tokenize) at once: while a decoupled response's write is still
+    in progress on the same stream, that second write aborts tritonserver (gRPC's
+    proto_buffer_writer.h "!byte_buffer->Valid()"); such a mix can also lose a response."""
+    stream = conn.channel.stream()
+    try:
+        return stream.infer("tokenize", [("TEXT", texts)] + ([("TASK", [task])] if task else []),
+                            ["INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"]).result(120)
+    finally:
+        stream.close()
 
 
 def assert_same_as_embed(gw, conn, texts, task=None, dimensions=None, encoding="float"):
@@ -268,7 +277,7 @@ def test_random_weight_folders(deployments, name):
     else:
         texts = [" ".join(rng.choice(WORDS, size=n)) for n in (3, 40, 700)]
     with gateway_for(srv.grpc_url, f"tokens-{name}", extra_args=["--model", str(folder), "--workers", "1"]) as g:
-        c = StreamConnection(srv.grpc_url)      # opened once the gateway's process is forked off
+        c = StreamConnection(srv.grpc_url)
         try:
             for task in (None, "query"):
                 assert_same_as_embed(g, c, texts, task)
