@@ -9,7 +9,8 @@ stub-recovery` (which records it, on the CPU and on a GPU).
 While the stub is killed: a gRPC client (rose_client: `embed`, and `rerank` when the workload has a
 reranker) and an HTTP client of the gateway call in a loop, and a probe reads Triton's
 /v2/health/ready and the gateway's /health every 0.1 s. Just before the kill a burst of heavy requests,
-some to the victim's own model, is sent on one stream, so that the stub dies with requests in flight.
+some to the victim's own model, is sent, so that the stub dies with requests in flight. The victim
+may also be the server itself ("tritonserver": its crash, which the launcher restarts the same way).
 Every answer is checked against the references as it comes; times are seconds after the kill.
 """
 from __future__ import annotations
@@ -228,8 +229,10 @@ class _Steady:
             self._stop.wait(0.1)
 
 
-def _burst(conn, victim: str, work: Workload, ids: dict) -> list[tuple[str, Future, Callable]]:
-    """Heavy requests on one stream: `embed` ones (long in `rose`), and some to the victim's model."""
+def _burst(conn, tokenize_conn, victim: str, work: Workload, ids: dict) -> list[tuple[str, Future, Callable]]:
+    """Heavy requests: `embed` ones (long in `rose`) and some to the victim's model, on one stream
+    (`tokenize`'s on a stream of their own: Triton 2.51 aborts when one stream mixes it with a
+    decoupled model, docs/OPERATIONS.md)."""
     def check(o):
         return _check_embeddings(o["EMBEDDINGS"], work.big_embeddings, work.gap)
     embed = ("embed", [("TEXT", work.big_texts)], None, check)
@@ -245,24 +248,26 @@ def _burst(conn, victim: str, work: Workload, ids: dict) -> list[tuple[str, Futu
                   lambda o: _check_scores(o["SCORES"], work.big_scores))
         own["rerank_rose"] = own["rerank_tokenize"] = rerank
     requests = [embed] * 4 + [own.get(victim, embed)] * 4
-    return [(f"burst {m}", conn.infer(m, inputs, outputs), check) for m, inputs, outputs, check in requests]
+    return [(f"burst {m}", (tokenize_conn if m == "tokenize" else conn).infer(m, inputs, outputs), check)
+            for m, inputs, outputs, check in requests]
 
 
 def kill_under_load(target: Target, pid: int, victim: str, work: Workload, until: Callable[[], bool],
                     timeout: float = 120.0, settle_s: float = 1.5, load_s: float = 1.0) -> Seen:
-    """Run the steady load for load_s, send the burst, kill -9 the stub `pid` (of model `victim`),
-    keep the load on until `until()` holds (the deployment says it serves again) or timeout, then
-    until the clients have seen it serve again (Seen.back), settle_s at most; what the clients saw."""
+    """Run the steady load for load_s, send the burst, kill -9 `pid` (the stub of model `victim`, or
+    the server itself where victim is "tritonserver"), keep the load on until `until()` holds (the
+    deployment says it serves again) or timeout, then until the clients have seen it serve again
+    (Seen.back), settle_s at most; what the clients saw."""
     from rose_client import ConnectionLost, ServerError, StreamConnection
     killed_at = [time.monotonic() + 3600.0]
     seen = Seen(victim, pid)
-    conn = StreamConnection(target.grpc_url)
+    conn, tokenize_conn = StreamConnection(target.grpc_url), StreamConnection(target.grpc_url)
     try:
-        tokens = conn.infer("tokenize", [("TEXT", work.big_texts)]).result(60)
+        tokens = tokenize_conn.infer("tokenize", [("TEXT", work.big_texts)]).result(60)
         steady = _Steady(target, work, lambda: killed_at[0]).start()
         try:
             time.sleep(load_s)
-            burst = _burst(conn, victim, work, tokens)
+            burst = _burst(conn, tokenize_conn, victim, work, tokens)
             done: dict[int, float] = {}
             for i, (_, fut, _) in enumerate(burst):
                 fut.add_done_callback(lambda _f, i=i: done.setdefault(i, time.monotonic()))
@@ -292,5 +297,6 @@ def kill_under_load(target: Target, pid: int, victim: str, work: Workload, until
             seen.inflight.append(Answer(name, -0.3, t, error, wrong))
     finally:
         conn.close(wait=False)
+        tokenize_conn.close(wait=False)
     seen.answers, seen.probes = steady.answers, steady.probes
     return seen

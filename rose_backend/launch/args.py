@@ -43,8 +43,9 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
                         "and metadata and by the gateway's /v1/*")
     p.add_argument("--stub-death-window", type=float, default=float(env.get("STUB_DEATH_WINDOW") or 60),
                    metavar="SECONDS",
-                   help="a server whose Python stub died is ended and started again; another stub death within "
-                        "this many seconds of it serving again stops the launcher with exit code 1 (default 60)")
+                   help="a server whose Python stub died, or that exited on its own, is started again; another "
+                        "death within this many seconds of it serving again stops the launcher with exit code 1 "
+                        "(default 60)")
     p.add_argument("--die-with-parent", action="store_true", default=bool(env.get("MAKELEVEL")),
                    help="stop the servers when this launcher's parent dies (default under make: "
                         "`make serve` killed, even by SIGKILL, stops the servers)")

@@ -1,5 +1,6 @@
-"""The launcher's watch over its tritonservers' Python stubs: a server whose stub died is ended at
-once and started again.
+"""The launcher's watch over its tritonservers and their Python stubs: a server whose stub died is
+ended at once and started again, and so is a server that exited on its own (a crash: Triton 2.51
+aborts, for one, when a client's gRPC stream carries both a decoupled model and `tokenize`).
 
 Triton 2.51 neither restarts a Python stub that died (kill -9, the OOM killer, a crash in native
 code; python_backend r24.10 has no restart for it) nor answers the requests it held, and it
@@ -13,10 +14,11 @@ that has exited while its server runs:
 - it is started again on the same ports with the same keys. Once every model is READY the launcher
   prints one line (which stub died, how long the server was out) and the new server's metrics
   port counts the restart in rose_server_restarts_total (rose_backend/triton/server_restarts.py);
+- a tritonserver that exited on its own is a death too: what it left (its stubs, their shared
+  memory) is removed and it is started again the same way;
 - StubWatchFailed, on which the launcher stops with exit code 1 and the reason (for a supervisor to
-  replace it): a stub death while a restart is under way or within `window_s` seconds of the last
-  server serving again, a server that does not come back within `ready_timeout`, or a tritonserver
-  that exited on its own.
+  replace it): a death while a restart is under way or within `window_s` seconds of the last
+  server serving again, or a server that does not come back within `ready_timeout`.
 A stub that exits because its model was unloaded or reloaded through the control plane is no
 death: its model is no longer READY, or its stubs are whole again (a reload starts the new ones first).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,9 +49,20 @@ class Stub:
     pid: int
     model: str
     instance: str
+    kind = "stub"
 
     def __str__(self) -> str:
         return f"the Python stub of model '{self.model}' (instance {self.instance}, pid {self.pid})"
+
+
+@dataclass(frozen=True)
+class ServerExit:
+    """A tritonserver that exited on its own, as the watch names it."""
+    what: str
+    kind = "server"
+
+    def __str__(self) -> str:
+        return self.what
 
 
 def server_stubs(srv) -> dict[int, Stub]:
@@ -69,7 +83,7 @@ class _Watched:
     stubs: dict[int, Stub] = field(default_factory=dict)
     fds: dict[int, int] = field(default_factory=dict)            # pidfd -> stub pid
     poller: select.poll | None = None
-    death: Stub | None = None                                    # restarting after this death
+    death: object = None                 # restarting after this death: a Stub, or what ended the server
     died_at: float = 0.0
 
     def arm(self) -> None:
@@ -141,7 +155,10 @@ class StubWatch:
     def _watch(self, w: _Watched) -> None:
         code = w.srv.proc.poll()
         if code is not None:
-            raise StubWatchFailed(f"{self._port(w)} exited with code {code}")
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                else f"exit code {code}"
+            self._restart(w, ServerExit(f"tritonserver itself (pid {w.srv.proc.pid}, {how})"))
+            return
         exited = w.exited()
         if not exited:
             return
@@ -149,20 +166,26 @@ class StubWatch:
         if not dead:
             self._arm(w)                             # unloaded or reloaded: watch the stubs it has now
             return
+        self._restart(w, dead[0])
+
+    def _restart(self, w: _Watched, death) -> None:
+        """Start w's server again after `death` (a Stub, or a ServerExit); StubWatchFailed where it
+        is a second death within the window."""
         now = time.monotonic()
         busy = next((o for o in self.watched if o.death is not None), None)
         if busy is not None or (self.recovered_at is not None and now - self.recovered_at < self.window_s):
             w.srv.kill()                             # answers what it held; the launcher stops the rest
             since = (f"while {self._port(busy)} was being restarted" if busy is not None else
                      f"{now - self.recovered_at:.1f} s after a restarted server served again")
-            raise StubWatchFailed(f"{dead[0]} of {self._port(w)} died {since} (a second stub death within "
+            of = "" if isinstance(death, ServerExit) else f" of {self._port(w)}"
+            raise StubWatchFailed(f"{death}{of} died {since} (a second {death.kind} death within "
                                   f"{self.window_s:g} s); stopping, for a supervisor to replace this deployment")
         w.disarm()
-        w.death, w.died_at = dead[0], now
+        w.death, w.died_at = death, now
         try:
             w.srv.restart()
         except LaunchError as e:
-            raise StubWatchFailed(f"{self._port(w)} cannot be started again after {dead[0]} died: {e}") from None
+            raise StubWatchFailed(f"{self._port(w)} cannot be started again after {death} died: {e}") from None
 
     def _deaths(self, w: _Watched, exited: list[Stub]) -> list[Stub]:
         """The exited stubs whose model is still READY with fewer stubs than it had."""
@@ -188,7 +211,7 @@ class StubWatch:
             return
         print(f"rose: {self._port(w)} was restarted because {w.death} died; it serves again "
               f"{now - w.died_at:.1f} s after the death (restarts: {w.srv.restarts}, rose_server_restarts_total on "
-              f"its metrics port; another stub death within {self.window_s:g} s stops the launcher)",
+              f"its metrics port; another death within {self.window_s:g} s stops the launcher)",
               file=sys.stderr, flush=True)
         w.death = None
         self.recovered_at = now

@@ -7,8 +7,9 @@ or CrossEncoder's, and no failure is reported as bad input), Triton's /v2/health
 gateway's /health turn not ready within 2 s and ready again, correct answers come again within
 RECOVERY_S, and the launcher says so in one line and counts it in rose_server_restarts_total. A
 second death within the window stops the launcher with exit code 1 and the reason, leaving nothing
-behind. One launch: one server start, then one restart per kind (the window is WINDOW_S here, so
-that the kinds can follow each other). How the work is done and seen: rose_testing/stub_kill.py.
+behind. The server itself killed (a crash) is answered, seen and recovered the same way. One launch:
+one server start, then one restart per kind (the window is WINDOW_S here, so that the kinds can
+follow each other). How the work is done and seen: rose_testing/stub_kill.py.
 """
 from __future__ import annotations
 
@@ -52,8 +53,10 @@ class Deployment:
     restarts: int = 0
 
     def stub(self, model: str) -> int:
+        """The pid of model's stub, or of the server itself for "tritonserver"."""
         found = [p for p, c in self.run.processes().items()
-                 if "triton_python_backend_stub" in c and f"/{model}/1/model.py" in c]
+                 if (c.split()[0].endswith("/tritonserver") if model == "tritonserver" else
+                     "triton_python_backend_stub" in c and f"/{model}/1/model.py" in c)]
         assert len(found) == 1, (model, self.run.processes())
         return found[0]
 
@@ -76,8 +79,10 @@ def deployment(minilm_shaped_dir, sentence_model, tmp_path_factory):
 
 
 def restarted_line(victim: str) -> re.Pattern:
-    return re.compile(rf"rose: tritonserver on port \d+ was restarted because the Python stub of model '{victim}' "
-                      rf"\(instance \S+, pid \d+\) died; it serves again ([0-9.]+) s after the death")
+    what = (r"tritonserver itself \(pid \d+, killed by SIGKILL\)" if victim == "tritonserver" else
+            rf"the Python stub of model '{victim}' \(instance \S+, pid \d+\)")
+    return re.compile(rf"rose: tritonserver on port \d+ was restarted because {what} died; it serves again "
+                      rf"([0-9.]+) s after the death")
 
 
 def kill_and_recover(dep: Deployment, victim: str):
@@ -114,7 +119,7 @@ def kill_and_recover(dep: Deployment, victim: str):
     return seen
 
 
-@pytest.mark.parametrize("victim", ["rose", "tokenize", "tokenize_batched", "encode", "rerank_rose"])
+@pytest.mark.parametrize("victim", ["rose", "tokenize", "tokenize_batched", "encode", "rerank_rose", "tritonserver"])
 def test_a_killed_stub_is_answered_unready_and_recovered(deployment, victim):
     kill_and_recover(deployment, victim)
 
