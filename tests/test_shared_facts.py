@@ -23,6 +23,20 @@ def test_the_server_takes_the_lane_names_from_the_clients_contract_which_loads_n
     assert EmbeddingClient.__module__ == "rose_client.client"
 
 
+def test_the_clients_unary_models_are_the_repositorys_models_that_are_not_decoupled():
+    """contract.UNARY_MODELS (the models StreamConnection keeps off its decoupled stream) against the
+    shipped repository's configs (ensembles of decoupled steps answer as decoupled) and the reranker's
+    generated copies of them."""
+    from rose_backend.launch.deployment import DEFAULT_REPOSITORY, RERANKER_STEPS
+    unary = set()
+    for cfg in DEFAULT_REPOSITORY.glob("*/config.pbtxt"):
+        text = cfg.read_text()
+        if "decoupled: true" not in text and 'platform: "ensemble"' not in text:
+            unary.add(cfg.parent.name)
+    unary |= {copy for copy, source in RERANKER_STEPS.items() if source in unary}
+    assert unary == set(contract.UNARY_MODELS) == {"tokenize", "rerank_tokenize"}
+
+
 def test_the_gateway_command_line_defaults_are_its_settings_defaults(monkeypatch):
     from rose_gateway.settings import GatewaySettings, parse_args
     for var in ("TRITON_URLS", "ADDRESS", "GATEWAY_PORT", "MODEL", "API_KEY", "GATEWAY_WORKERS"):

@@ -14,6 +14,7 @@ Several streams can share one Channel (one HTTP/2 connection): EmbeddingClient g
 streams of its own, so that `cancel()` (which ends a stream, and with it every request on it at
 the server) cancels that call's requests and nobody else's. A Channel carries the metadata of its
 streams: the API key of a deployment that requires one (rose_client.auth.grpc_api_key_headers).
+Requests to `tokenize` go on a second stream of the same connection (StreamConnection's split_unary).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from concurrent.futures import Future
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
+
+from rose_client.contract import UNARY_MODELS
 
 _NP_TO_TRITON = {np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32",
                  np.dtype(np.bool_): "BOOL", np.dtype(np.uint8): "UINT8"}
@@ -107,9 +110,14 @@ class Channel:
 
 
 class StreamConnection:
-    def __init__(self, url: str, channel: Channel | None = None, headers: dict[str, str] | None = None):
-        """A stream on `channel`, or on a channel of its own (closed with it) made with `headers`."""
-        self.url = url
+    def __init__(self, url: str, channel: Channel | None = None, headers: dict[str, str] | None = None,
+                 split_unary: bool = True):
+        """A stream on `channel`, or on a channel of its own (closed with it) made with `headers`.
+        split_unary: requests to contract.UNARY_MODELS (`tokenize`) go on a second stream on the same
+        channel, opened at the first (`unary_stream`), since Triton 2.51 aborts when one stream mixes
+        them with a decoupled model; False: every request on this stream."""
+        self.url, self.split_unary = url, split_unary
+        self.unary_stream: StreamConnection | None = None
         self._owns_channel = channel is None
         self.channel = Channel(url, headers) if channel is None else channel
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -128,13 +136,19 @@ class StreamConnection:
 
     @property
     def outstanding(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + (self.unary_stream.outstanding if self.unary_stream else 0)
 
     def infer(self, model: str, inputs: list[tuple[str, object]], outputs: list[str] | None = None,
               parameters: dict[str, str] | None = None) -> Future:
         """Send one request; `inputs` are (name, np.ndarray) pairs, or (name, list of str) for BYTES.
         `outputs`: the output names to return (None: all the model has); `parameters`: string
         request parameters."""
+        if self.split_unary and model in UNARY_MODELS:
+            with self._lock:
+                if self.unary_stream is None and not self._closed:
+                    self.unary_stream = StreamConnection(self.url, channel=self.channel, split_unary=False)
+            if self.unary_stream is not None:
+                return self.unary_stream.infer(model, inputs, outputs, parameters)
         fut: Future = Future()
         rid = f"{next(self._ids)}"
         request = build_request(model, rid, inputs, outputs, parameters)
@@ -180,6 +194,8 @@ class StreamConnection:
         server answers those pending, then the stream ends."""
         with self._lock:
             self._closed = True
+        if self.unary_stream is not None:
+            self.unary_stream.close(wait)
         self._outbox.put(None)
         if self._owns_channel:
             self.channel.close()
@@ -191,6 +207,8 @@ class StreamConnection:
         their sequences not yet computed); here they fail with ConnectionLost."""
         with self._lock:
             self._closed = True
+        if self.unary_stream is not None:
+            self.unary_stream.cancel()
         self._outbox.put(None)
         self._responses.cancel()
         if self._owns_channel:
