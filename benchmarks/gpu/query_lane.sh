@@ -21,7 +21,7 @@ PRE=${PRE:-/tmp/rose-precompiled}
 source "$PRE/cache_env.sh"
 case $MODE in
   overlap)
-    python3 -m rose_bench query-overlap --out "$OUT/overlap" --models "${1:-pplx-embed,bge-m3}" \
+    python3 -m rose_bench query-overlap --out "$OUT/overlap" --models "${1:-pplx-embed,bge-m3}" --seconds 4 --timeout 150 \
       --trace pplx-embed/default,bge-m3/default \
       --variants "${2:-default:;varlen:engine.attention=torch_varlen;fa2:env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3;no-pdl:env.ROSE_FLASHINFER_PDL=0;sms120:engine.bulk_sms=120}" \
       --git-commit "$COMMIT" ;;
