@@ -130,9 +130,9 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(served, clie
     if name != "tiny-qwen3-reranker":
         with pytest.raises(ServerError, match="takes no INSTRUCTION"):
             client.rerank("a query", ["a document"], instruction="be strict")
-    # one stream each: two error answers back to back on one stream once aborted Triton 2.51 itself
-    # (gRPC's proto_buffer_writer.h:65 "!byte_buffer->Valid()", 1 of 6 full runs; cf. triton-
-    # inference-server/server#7472), a server bug this test is not about
+    # one stream each: answers that Triton 2.51 writes at once (refusals, `tokenize`'s) can abort it
+    # when they meet another write on one stream (gRPC's proto_buffer_writer.h:65 "!byte_buffer->Valid()";
+    # docs/OPERATIONS.md, "A Python stub dies"), a server bug this test is not about
     for model, inputs, message in (("rerank", [("QUERY", ["q"])], "missing input DOCUMENTS"),
                                    ("tokenize", [("QUERY", ["a", "b"]), ("DOCUMENTS", ["d"])],
                                     "unexpected shape for input .QUERY.")):
