@@ -229,10 +229,9 @@ class _Steady:
             self._stop.wait(0.1)
 
 
-def _burst(conn, tokenize_conn, victim: str, work: Workload, ids: dict) -> list[tuple[str, Future, Callable]]:
-    """Heavy requests: `embed` ones (long in `rose`) and some to the victim's model, on one stream
-    (`tokenize`'s on a stream of their own: Triton 2.51 aborts when one stream mixes it with a
-    decoupled model, docs/OPERATIONS.md)."""
+def _burst(conn, victim: str, work: Workload, ids: dict) -> list[tuple[str, Future, Callable]]:
+    """Heavy requests on one connection: `embed` ones (long in `rose`), and some to the victim's model
+    (`tokenize`'s on the connection's second stream: StreamConnection's split_unary)."""
     def check(o):
         return _check_embeddings(o["EMBEDDINGS"], work.big_embeddings, work.gap)
     embed = ("embed", [("TEXT", work.big_texts)], None, check)
@@ -248,8 +247,7 @@ def _burst(conn, tokenize_conn, victim: str, work: Workload, ids: dict) -> list[
                   lambda o: _check_scores(o["SCORES"], work.big_scores))
         own["rerank_rose"] = own["rerank_tokenize"] = rerank
     requests = [embed] * 4 + [own.get(victim, embed)] * 4
-    return [(f"burst {m}", (tokenize_conn if m == "tokenize" else conn).infer(m, inputs, outputs), check)
-            for m, inputs, outputs, check in requests]
+    return [(f"burst {m}", conn.infer(m, inputs, outputs), check) for m, inputs, outputs, check in requests]
 
 
 def kill_under_load(target: Target, pid: int, victim: str, work: Workload, until: Callable[[], bool],
@@ -261,13 +259,13 @@ def kill_under_load(target: Target, pid: int, victim: str, work: Workload, until
     from rose_client import ConnectionLost, ServerError, StreamConnection
     killed_at = [time.monotonic() + 3600.0]
     seen = Seen(victim, pid)
-    conn, tokenize_conn = StreamConnection(target.grpc_url), StreamConnection(target.grpc_url)
+    conn = StreamConnection(target.grpc_url)
     try:
-        tokens = tokenize_conn.infer("tokenize", [("TEXT", work.big_texts)]).result(60)
+        tokens = conn.infer("tokenize", [("TEXT", work.big_texts)]).result(60)
         steady = _Steady(target, work, lambda: killed_at[0]).start()
         try:
             time.sleep(load_s)
-            burst = _burst(conn, tokenize_conn, victim, work, tokens)
+            burst = _burst(conn, victim, work, tokens)
             done: dict[int, float] = {}
             for i, (_, fut, _) in enumerate(burst):
                 fut.add_done_callback(lambda _f, i=i: done.setdefault(i, time.monotonic()))
@@ -297,6 +295,5 @@ def kill_under_load(target: Target, pid: int, victim: str, work: Workload, until
             seen.inflight.append(Answer(name, -0.3, t, error, wrong))
     finally:
         conn.close(wait=False)
-        tokenize_conn.close(wait=False)
     seen.answers, seen.probes = steady.answers, steady.probes
     return seen

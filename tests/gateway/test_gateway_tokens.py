@@ -45,17 +45,10 @@ def vectors(body: dict) -> np.ndarray:
 
 
 def tokenized(conn, texts, task=None) -> dict:
-    """`tokenize`'s answer, asked on a stream of its own on conn's channel. Triton 2.51 serialises
-    the writes of a stream's decoupled models (embed, encode, rose) among themselves, but writes a
-    non-decoupled model's response (tokenize) at once: while a decoupled response's write is still
-    in progress on the same stream, that second write aborts tritonserver (gRPC's
-    proto_buffer_writer.h "!byte_buffer->Valid()"); such a mix can also lose a response."""
-    stream = conn.channel.stream()
-    try:
-        return stream.infer("tokenize", [("TEXT", texts)] + ([("TASK", [task])] if task else []),
-                            ["INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"]).result(120)
-    finally:
-        stream.close()
+    """`tokenize`'s answer (conn, a StreamConnection, asks it on a stream of its own: Triton 2.51
+    aborts when one stream mixes it with a decoupled model)."""
+    return conn.infer("tokenize", [("TEXT", texts)] + ([("TASK", [task])] if task else []),
+                      ["INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"]).result(120)
 
 
 def assert_same_as_embed(gw, conn, texts, task=None, dimensions=None, encoding="float"):

@@ -49,17 +49,12 @@ def test_a_text_over_max_text_bytes_is_marked_cut(conn, hf_count):
     assert 256 < got["TOKEN_COUNTS"][0] < hf_count(huge)                 # the bytes kept: a lower bound
 
 
-def test_tokenize_gives_them_when_named(server, hf_count):
+def test_tokenize_gives_them_when_named(conn, hf_count):
     texts = texts_of([5, 500])
-    # a stream of its own: Triton 2.51 aborts when one stream mixes `tokenize` with a decoupled model
-    conn = StreamConnection(server.grpc_url)
-    try:
-        got = conn.infer("tokenize", [("TEXT", texts)], outputs=["INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"]).result(60)
-        assert got["SEQ_LENS"].tolist() == [hf_count(texts[0]), 256]
-        assert got["TOKEN_COUNTS"].tolist() == [hf_count(t) for t in texts] and got["TRUNCATED"].tolist() == [False, True]
-        assert set(conn.infer("tokenize", [("TEXT", texts)]).result(60)) == {"INPUT_IDS", "SEQ_LENS"}     # none named
-    finally:
-        conn.close()
+    got = conn.infer("tokenize", [("TEXT", texts)], outputs=["INPUT_IDS", "SEQ_LENS", "TOKEN_COUNTS", "TRUNCATED"]).result(60)
+    assert got["SEQ_LENS"].tolist() == [hf_count(texts[0]), 256]
+    assert got["TOKEN_COUNTS"].tolist() == [hf_count(t) for t in texts] and got["TRUNCATED"].tolist() == [False, True]
+    assert set(conn.infer("tokenize", [("TEXT", texts)]).result(60)) == {"INPUT_IDS", "SEQ_LENS"}     # none named
 
 
 def test_rose_counts_its_sequences_as_given(conn):
@@ -84,12 +79,8 @@ def test_a_reranker_refuses_token_inputs_and_late_chunking(reranker_server):
         with pytest.raises(ServerError, match="TOKEN_CHUNKS: a reranker takes no late chunking or token counts"):
             c.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens),
                              ("TOKEN_CHUNKS", np.array([-1, 0, -1, 0, -1], np.int32))]).result(60)
-        own = StreamConnection(srv.grpc_url)         # `tokenize` on a stream of its own, as above
-        try:
-            with pytest.raises(ServerError, match="DOC_CHUNKS .late chunking. is not available for this model"):
-                own.infer("tokenize", [("TEXT", ["a", "b"]), ("DOC_CHUNKS", np.array([2], np.int32))]).result(60)
-        finally:
-            own.close()
+        with pytest.raises(ServerError, match="DOC_CHUNKS .late chunking. is not available for this model"):
+            c.infer("tokenize", [("TEXT", ["a", "b"]), ("DOC_CHUNKS", np.array([2], np.int32))]).result(60)
         assert c.infer("rose", [("INPUT_IDS", ids), ("SEQ_LENS", lens)]).result(60)["SCORES"].shape == (1,)
     finally:
         c.close()
