@@ -1,9 +1,9 @@
-"""A Python stub killed (kill -9) under load, each kind in turn, on a deployment started as `make serve`
-starts it (python -m rose_backend.launch with its gateway): when the requests in flight got their
-error, when Triton's and the gateway's readiness dropped and came back, when correct answers came
-again and when the launcher said the server serves again (seconds after the kill); on a GPU also the
-device memory before the kill, at its lowest while the server was out, and after, and the old and
-the new stub's own share where nvidia-smi lists processes.
+"""A Python stub (or tritonserver itself: kind `tritonserver`) killed (kill -9) under load, each kind in
+turn, on a deployment started as `make serve` starts it (python -m rose_backend.launch with its
+gateway): when the requests in flight got their error, when Triton's and the gateway's readiness
+dropped and came back, when correct answers came again and when the launcher said the server serves
+again (seconds after the kill); on a GPU also the device memory before the kill, at its lowest while
+the server was out, and after, and the old and the new stub's own share where nvidia-smi lists processes.
 
     python -m rose_bench stub-recovery                                     # CPU, the default model, every kind
     python -m rose_bench stub-recovery --reranker-shape tiny-bert-ce       # ... and the reranker's stubs
@@ -76,13 +76,16 @@ class Launch:
         return None
 
     def stubs(self) -> dict[str, int]:
-        """{model: pid} of the deployment's Python stubs (the first of each model)."""
+        """{model: pid} of the deployment's Python stubs (the first of each model), and its
+        tritonserver's pid as "tritonserver"."""
         from rose_backend.launch.supervision import processes_with
         out: dict[str, int] = {}
         for pid, cmd in sorted(processes_with([self.prefix]).items()):
             args = cmd.split()
             if args and args[0].endswith("triton_python_backend_stub"):
                 out.setdefault(Path(args[1]).parent.parent.name, pid)
+            elif args and args[0].endswith("/tritonserver"):
+                out["tritonserver"] = pid
         return out
 
     def stop(self) -> None:
@@ -152,7 +155,8 @@ def workload(folder, reranker, gap: float):
 
 def one_kill(launch: Launch, kind: str, work) -> dict:
     from rose_testing.stub_kill import Target, kill_under_load
-    pattern = rf"was restarted because the Python stub of model '{kind}' .* serves again ([0-9.]+) s after the death"
+    what = "tritonserver itself" if kind == "tritonserver" else f"the Python stub of model '{kind}'"
+    pattern = rf"was restarted because {what} .* serves again ([0-9.]+) s after the death"
     after, pid = len(launch.lines), launch.stubs()[kind]
     before_mib, before_apps = gpu_used_mib(), gpu_processes()
     target = Target(f"127.0.0.1:{launch.ports.grpc}", f"http://127.0.0.1:{launch.ports.http}",
@@ -176,7 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--shape", help="instead: a random-weight folder of this shape (rose_testing.folders)")
     p.add_argument("--reranker-shape",
                    help="serve a random-weight reranker of this shape beside it (e.g. tiny-bert-ce)")
-    p.add_argument("--kinds", default="", help="stub models to kill, in order (default: every one served)")
+    p.add_argument("--kinds", default="", help="stub models to kill, in order (default: every one served); "
+                   "tritonserver: the server itself (a crash)")
     p.add_argument("--repeat", type=int, default=1, help="kills of each kind")
     p.add_argument("--gap", type=float, default=1e-4, help="largest 1 - cos accepted against sentence-transformers")
     p.add_argument("--workdir", default=None, help="folder for model folders and logs (default: a temp dir)")
@@ -214,7 +219,8 @@ def main(argv=None) -> int:
             print("".join(launch.lines[-40:]), file=sys.stderr)
             return 1
         result["ready_s"] = round(time.monotonic() - t0, 1)
-        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or sorted(launch.stubs())
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] or \
+            sorted(k for k in launch.stubs() if k != "tritonserver")
         for _ in range(args.repeat):
             for kind in kinds:
                 row = one_kill(launch, kind, work)
