@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_bench.record import comma_list, cuda_available, log, run_record
+from rose_bench.record import comma_list, cuda_available, latency_ms, log, run_record
 
 PHASES = ("queries alone", "bulk alone", "both")
 
@@ -157,9 +157,7 @@ def run_phase(url: str, phase: str, args, vocab: int, seconds: float) -> dict:
     if queries:
         lat = queries[0]["latencies"]
         ms = np.array([s for _, s in lat]) * 1e3
-        res["query"] = {"n": int(ms.size), "sent": queries[0]["sent"], "errors": queries[0]["errors"],
-                        **({f"p{q}_ms": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)} if ms.size else {}),
-                        "max_ms": round(float(ms.max()), 3) if ms.size else None,
+        res["query"] = {"sent": queries[0]["sent"], "errors": queries[0]["errors"], "max_ms": None, **latency_ms(ms),
                         # [seconds into the phase it was sent, its latency in ms], in sending order
                         "timeline": [[round(at, 3), round(s * 1e3, 1)] for at, s in lat]}
     bulks = [g for g in got if g["kind"] == "bulk"]

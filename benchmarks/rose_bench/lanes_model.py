@@ -24,6 +24,7 @@ from rose_backend.serving.scheduler import Request
 from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.triton.model_settings import RoseSettings
+from rose_bench.record import latency_ms
 
 
 class ModelledHandle:
@@ -103,9 +104,7 @@ def run_phase(svc: EmbeddingService, answered: dict, phase: str, args, seconds: 
     elapsed = time.perf_counter() - t0
     res: dict = {"seconds": round(elapsed, 2)}
     if lat:
-        ms = np.array(lat) * 1e3
-        res["query"] = {"n": int(ms.size), **{f"p{q}_ms": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)},
-                        "max_ms": round(float(ms.max()), 3)}
+        res["query"] = latency_ms(np.array(lat) * 1e3)
     if phase != "queries alone":
         res["bulk"] = {"embeddings": emb[0], "emb_per_s": round(emb[0] / elapsed, 1)}
     return res

@@ -37,18 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rose_bench.record import cuda_available, log, run_record, save_json
+from rose_bench.record import cuda_available, latency_ms, log, run_record, save_json
 from rose_bench.tail import parse_variant
 
 ENGINE_SETTINGS = ("attention", "bulk_sms")      # a variant's engine.* settings
-
-
-def percentiles(ms: list[float]) -> dict:
-    if not ms:
-        return {"n": 0}
-    a = np.asarray(ms)
-    return {"n": len(ms), **{f"p{q}_ms": round(float(np.percentile(a, q)), 3) for q in (50, 90, 99)},
-            "max_ms": round(float(a.max()), 3)}
 
 
 def build_engines(folder: Path, device: str, attention: str | None):
@@ -95,7 +87,7 @@ def run_loop(main, query, bulk, q_batch, seconds: float, inflight: int, period_s
             done_seqs += bulk.num_seqs
     for lt in pending:
         lt.synchronize()
-    return {"query": percentiles(lat), "bulk_seqs_per_s": round(done_seqs / (time.perf_counter() - t0), 1)}
+    return {"query": latency_ms(lat), "bulk_seqs_per_s": round(done_seqs / (time.perf_counter() - t0), 1)}
 
 
 def checked_variant(variant: str) -> tuple[str, dict]:
@@ -140,7 +132,7 @@ def one(model: str, variant: str, args) -> dict:
         t = time.perf_counter()
         query.step(q_batch).synchronize()
         alone.append((time.perf_counter() - t) * 1e3)
-    res["queries_alone"] = percentiles(alone)
+    res["queries_alone"] = latency_ms(alone)
     res["bulk_alone"] = run_loop(main, None, bulk, q_batch, args.seconds, args.inflight, 0, bulk_ctx)
     res["both"] = run_loop(main, query, bulk, q_batch, args.seconds, args.inflight, args.period_ms / 1e3, bulk_ctx)
     res["both"]["bulk_vs_alone"] = round(res["both"]["bulk_seqs_per_s"] / max(res["bulk_alone"]["bulk_seqs_per_s"], 1e-9), 3)

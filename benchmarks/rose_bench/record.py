@@ -21,6 +21,16 @@ def comma_list(value: str) -> list[str]:
     return [x.strip() for x in value.split(",") if x.strip()]
 
 
+def latency_ms(ms) -> dict:
+    """Latencies in ms summarised: n, p50 / p90 / p99 and max ({"n": 0} for none)."""
+    import numpy as np
+    a = np.asarray(ms, dtype=float)
+    if not a.size:
+        return {"n": 0}
+    return {"n": int(a.size), **{f"p{q}_ms": round(float(np.percentile(a, q)), 3) for q in (50, 90, 99)},
+            "max_ms": round(float(a.max()), 3)}
+
+
 def counts_json(counts: dict) -> dict:
     """A mode's request counts as JSON (dict keys as strings)."""
     return {k: ({str(a): b for a, b in v.items()} if isinstance(v, dict) else v) for k, v in counts.items()}
