@@ -17,8 +17,8 @@ or at capture then apply), both engines built as `rose` builds them, and after w
 - both: the bulk loop as before while one query is launched every `--period-ms` from the same thread
   (as the service's scheduler launches both), each timed from its launch to its result on the host.
 A variant is NAME:SETTING,... with SETTING engine.attention=BACKEND (both engines' attention),
-engine.bulk_sms=N (the bulk batches on a stream of a CUDA green context of N SMs, which the queries'
-kernels never wait for) or env.VAR=VALUE (e.g. env.ROSE_FLASHINFER_PDL=0,
+engine.bulk_sms=N (the bulk batches, captured and replayed, on a stream of a CUDA green context of
+N SMs, which leaves the rest to the queries' kernels) or env.VAR=VALUE (e.g. env.ROSE_FLASHINFER_PDL=0,
 env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3). `--trace MODEL/VARIANT,...`: for those cells, a torch
 profiler trace of `--trace-ms` of the `both` phase (<out>/trace-MODEL-VARIANT.json: both streams' kernels).
 Results: <out>/query_overlap.json (command, git commit, machine, date), rewritten after every cell.
@@ -115,6 +115,7 @@ def one(model: str, variant: str, args) -> dict:
     if "bulk_sms" in eng:
         from torch.cuda.green_contexts import GreenContext
         stream = GreenContext.create(num_sms=int(eng["bulk_sms"]), device_id=main.device.index).Stream()
+        main.graphs.capture_stream = stream       # a graph's kernels run in the context they were captured in
 
         def bulk_ctx():
             return torch.cuda.stream(stream)
