@@ -186,9 +186,22 @@ def test_sigterm_while_the_gateway_starts_stops_within_the_drain_bound(tmp_path)
     an open stream on which a request for a missing model name was refused, and the gateway's 16
     workers still starting. The launcher used to finish its start first (wait for the gateway to
     serve, print its banner) and only then stop: 5.5-10 s here with drain_timeout_s 2, past the 7 s
-    bound in 2 runs of 4. It now stops at once: 2.3-3.1 s here."""
+    bound in 2 runs of 4. It now stops at once: 2.3-3.1 s here. On a loaded machine the gateway may
+    be serving before the refusal comes back: that launch is a plain stop (the bound still holds)
+    and the case is tried again on a new launch, up to three times."""
     drain = 2
     repo = repository_with({"rose": {"drain_timeout_s": str(drain)}}, tmp_path)
+    for _ in range(3):
+        output = sigterm_once_tritonserver_is_ready(repo, drain)
+        if "rose: SIGTERM: stopped while" in output:
+            assert "HTTP (OpenAI-compatible)" not in output, output[-3000:]
+            return
+        assert "HTTP (OpenAI-compatible)" in output, output[-3000:]      # started in full: not the case
+    raise AssertionError("the gateway was serving before SIGTERM in all three launches")
+
+
+def sigterm_once_tritonserver_is_ready(repo, drain: float) -> str:
+    """One launch of the case above, stopped within drain + 5 s with nothing left behind; its output."""
     with LauncherRun("--repository", str(repo), env={"GATEWAY_WORKERS": "16"}) as run:
         early = grpcclient.InferenceServerClient(run.grpc_url, channel_args=OWN_CONNECTION)
         stream = None
@@ -208,7 +221,6 @@ def test_sigterm_while_the_gateway_starts_stops_within_the_drain_bound(tmp_path)
                 stream.close()
         assert code == 0, run.output[-3000:]
         assert seconds <= drain + 5, (seconds, run.output[-3000:])
-        assert "rose: SIGTERM: stopped while" in run.output and "HTTP (OpenAI-compatible)" not in run.output, \
-            run.output[-3000:]
         procs, segs = leftovers.wait_gone([run.prefix], 10.0)
         assert not procs and not segs, (procs, segs)
+        return run.output
