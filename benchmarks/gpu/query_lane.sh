@@ -12,7 +12,7 @@
 #   pdl-all. -> $OUT/overlap/query_overlap.json, $OUT/overlap/trace-*.json
 # lanes: `rose_bench lanes` (servers through the launcher; 1 x 128 queries at 50/s beside 4 clients
 #   pushing 100 x 512; READY per variant; default below: one stream, the query lane, the query lane
-#   with PDL at every size) -> $OUT/lanes-MODEL/lanes.json
+#   with PDL at every size, the query lane with the main engine on 120 SMs) -> $OUT/lanes-MODEL/lanes.json
 set -u
 MODE=$1 COMMIT=$2
 shift 2
@@ -25,11 +25,11 @@ case $MODE in
   overlap)
     python3 -m rose_bench query-overlap --out "$OUT/overlap" --models "${1:-pplx-embed,bge-m3}" --seconds 4 --timeout 150 \
       --trace pplx-embed/default,pplx-embed/pdl-all,bge-m3/default \
-      --variants "${2:-default:;pdl-all:env.ROSE_FLASHINFER_PDL=1000000;varlen:engine.attention=torch_varlen;fa2:env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3;sms120:engine.bulk_sms=120}" \
+      --variants "${2:-default:;pdl-all:env.ROSE_FLASHINFER_PDL=1000000;varlen:engine.attention=torch_varlen;fa2:env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3;sms120:env.ROSE_MAIN_ENGINE_SMS=120}" \
       --git-commit "$COMMIT" ;;
   lanes)
     python3 -m rose_bench lanes --model "$1" --seconds 8 --warmup-s 3 --out "$OUT/lanes-$1" --work /tmp/rose-lanes \
-      --variants "${2:-lanes:;qlane:rose.interactive_stream=on;qlane-pdl-all:rose.interactive_stream=on,env.ROSE_FLASHINFER_PDL=1000000}" \
+      --variants "${2:-lanes:;qlane:rose.interactive_stream=on;qlane-pdl-all:rose.interactive_stream=on,env.ROSE_FLASHINFER_PDL=1000000;qlane-sms120:rose.interactive_stream=on,env.ROSE_MAIN_ENGINE_SMS=120}" \
       --git-commit "$COMMIT" ;;
   *) echo "query_lane: MODE is overlap or lanes, got $MODE"; exit 2 ;;
 esac

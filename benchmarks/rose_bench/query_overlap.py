@@ -16,17 +16,15 @@ or at capture then apply), both engines built as `rose` builds them, and after w
   `--seconds`;
 - both: the bulk loop as before while one query is launched every `--period-ms` from the same thread
   (as the service's scheduler launches both), each timed from its launch to its result on the host.
-A variant is NAME:SETTING,... with SETTING engine.attention=BACKEND (both engines' attention),
-engine.bulk_sms=N (the bulk batches, captured and replayed, on a stream of a CUDA green context of
-N SMs, which leaves the rest to the queries' kernels) or env.VAR=VALUE (e.g. env.ROSE_FLASHINFER_PDL=0,
-env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3). `--trace MODEL/VARIANT,...`: for those cells, a torch
+A variant is NAME:SETTING,... with SETTING engine.attention=BACKEND (both engines' attention) or
+env.VAR=VALUE (e.g. env.ROSE_FLASHINFER_PDL=1000000: PDL at every size; env.ROSE_ATTENTION_EXCLUDE=
+flashinfer_fa3; env.ROSE_MAIN_ENGINE_SMS=120: the main engine on a green context of 120 SMs). `--trace MODEL/VARIANT,...`: for those cells, a torch
 profiler trace of `--trace-ms` of the `both` phase (<out>/trace-MODEL-VARIANT.json: both streams' kernels).
 Results: <out>/query_overlap.json (command, git commit, machine, date), rewritten after every cell.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -40,7 +38,7 @@ import numpy as np
 from rose_bench.record import cuda_available, latency_ms, log, run_record, save_json
 from rose_bench.tail import parse_variant
 
-ENGINE_SETTINGS = ("attention", "bulk_sms")      # a variant's engine.* settings
+ENGINE_SETTINGS = ("attention",)      # a variant's engine.* settings
 
 
 def build_engines(folder: Path, device: str, attention: str | None):
@@ -61,7 +59,7 @@ def backend_of(engine, batch) -> str:
     return engine.backend_for(*(engine.graphs.key_for(s, t) if engine.graphs_on else (s, t)))
 
 
-def run_loop(main, query, bulk, q_batch, seconds: float, inflight: int, period_s: float, bulk_ctx) -> dict:
+def run_loop(main, query, bulk, q_batch, seconds: float, inflight: int, period_s: float) -> dict:
     """Bulk batches kept `inflight` deep on `main` for `seconds`; with `query`, one query every
     period_s from this thread. Returns the queries' latencies (ms) and the bulk sequences per second."""
     pending: deque = deque()
@@ -74,8 +72,7 @@ def run_loop(main, query, bulk, q_batch, seconds: float, inflight: int, period_s
         if now >= t_end and q is None:
             break
         while now < t_end and len(pending) < inflight:
-            with bulk_ctx():
-                pending.append(main.step(bulk))
+            pending.append(main.step(bulk))
         if query is not None and q is None and now >= next_q and now < t_end:
             q, next_q = (query.step(q_batch), now), max(next_q + period_s, now)
         if q is not None and q[0].ready():
@@ -97,50 +94,41 @@ def checked_variant(variant: str) -> tuple[str, dict]:
     unknown = sorted(set(eng) - set(ENGINE_SETTINGS)) + sorted(f"{m}.*" for m in set(params) - {"engine"}) + \
         sorted(f"{m}.count" for m in counts)
     if unknown:
-        raise ValueError(f"variant {name!r}: unknown setting(s) {unknown}; it takes engine.attention, "
-                         f"engine.bulk_sms and env.VAR")
+        raise ValueError(f"variant {name!r}: unknown setting(s) {unknown}; it takes engine.attention "
+                         f"and env.VAR")
     return name, eng
 
 
 def one(model: str, variant: str, args) -> dict:
     """One model and variant in this process (its environment already set by the parent)."""
-    import torch
     from rose_backend.engine.batch import PackedBatch
     from rose_testing.folders import make_folder
     name, eng = checked_variant(variant)
     device = "cuda" if cuda_available() else "cpu"
     folder = make_folder(model, Path(args.folders) / model, device=device)
     cfg, main, query = build_engines(folder, device, eng.get("attention"))
-    bulk_ctx = contextlib.nullcontext
-    if "bulk_sms" in eng:
-        from torch.cuda.green_contexts import GreenContext
-        stream = GreenContext.create(num_sms=int(eng["bulk_sms"]), device_id=main.device.index).Stream()
-        main.graphs.capture_stream = stream       # a graph's kernels run in the context they were captured in
-
-        def bulk_ctx():
-            return torch.cuda.stream(stream)
     rng = np.random.default_rng(0)
     bulk = PackedBatch.filler(args.bulk_seqs, args.bulk_seqs * args.bulk_len, cfg.vocab_size, rng)
     q_batch = PackedBatch.filler(1, args.query_len, cfg.vocab_size, rng)
     t0 = time.perf_counter()
-    with bulk_ctx():
-        main.precapture([(bulk.num_seqs, bulk.num_tokens)])
+    main.precapture([(bulk.num_seqs, bulk.num_tokens)])
     query.precapture([(1, args.query_len)])
     res = {"variant": variant, "warm_s": round(time.perf_counter() - t0, 1),
-           "backends": {"bulk": backend_of(main, bulk), "query": backend_of(query, q_batch)}}
+           "backends": {"bulk": backend_of(main, bulk), "query": backend_of(query, q_batch)},
+           "main_engine_sms": main.streams.sms}
     alone = []
     for _ in range(args.queries):
         t = time.perf_counter()
         query.step(q_batch).synchronize()
         alone.append((time.perf_counter() - t) * 1e3)
     res["queries_alone"] = latency_ms(alone)
-    res["bulk_alone"] = run_loop(main, None, bulk, q_batch, args.seconds, args.inflight, 0, bulk_ctx)
-    res["both"] = run_loop(main, query, bulk, q_batch, args.seconds, args.inflight, args.period_ms / 1e3, bulk_ctx)
+    res["bulk_alone"] = run_loop(main, None, bulk, q_batch, args.seconds, args.inflight, 0)
+    res["both"] = run_loop(main, query, bulk, q_batch, args.seconds, args.inflight, args.period_ms / 1e3)
     res["both"]["bulk_vs_alone"] = round(res["both"]["bulk_seqs_per_s"] / max(res["bulk_alone"]["bulk_seqs_per_s"], 1e-9), 3)
     if f"{model}/{name}" in args.trace.split(",") and device == "cuda":
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            run_loop(main, query, bulk, q_batch, args.trace_ms / 1e3, args.inflight, args.period_ms / 1e3, bulk_ctx)
+            run_loop(main, query, bulk, q_batch, args.trace_ms / 1e3, args.inflight, args.period_ms / 1e3)
         path = Path(args.out) / f"trace-{model}-{name}.json"
         prof.export_chrome_trace(str(path))
         res["trace"] = {"file": path.name, **trace_summary(json.loads(path.read_text()))}

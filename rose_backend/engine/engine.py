@@ -29,6 +29,7 @@ from rose_backend.engine.lone import LonePath
 from rose_backend.engine.options import EngineOptions
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.engine.stats import EngineStats
+from rose_backend.engine.streams import EngineStream
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
                                            available_backends, backend_class, make_backend)
 from rose_backend.layers.fp8 import quantize_for_fp8
@@ -69,7 +70,8 @@ class Engine:
         self.graphs_on = o.graphs_on(self.device)
         self.budget = engine_budget(cfg, self.device, o, shared_weights=weights_from is not None)
         check_fits(self.budget, device_limit(self.device, o.memory_limit_bytes), f"on {self.device}")
-        self.stream = torch.cuda.Stream(self.device, priority=-1) if weights_from is not None and cuda else None
+        self.streams = EngineStream(self.device, query_lane=weights_from is not None)
+        self.stream = self.streams.stream           # None: the calling thread's current stream
         if weights_from is not None:
             self.model, self.heads, self.head = weights_from.model, weights_from.heads, weights_from.head
         else:
@@ -102,7 +104,7 @@ class Engine:
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
         self.last_marks: list[tuple[str, int]] = []
-        self.graphs.start(self.device)
+        self.graphs.start(self.device, self.streams.capture_stream)
         self.lone = LonePath(self)                       # one sequence, nothing else in flight (lone.py)
         self.stats.startup_seconds = time.perf_counter() - t0
 

@@ -138,14 +138,15 @@ class GraphCache:
         return "capture"
 
     # ---- capture (device-specific) ----
-    def start(self, device: torch.device) -> None:
-        """Call once the weights and backends are in place: memory counted from here is the graphs'."""
+    def start(self, device: torch.device, capture_stream: torch.cuda.Stream | None = None) -> None:
+        """Call once the weights and backends are in place: memory counted from here is the graphs'.
+        capture_stream: where to capture (None: a side stream of our own on `device`)."""
         self.device = torch.device(device)
         if self.device.type == "cuda":
             # Our own side stream on this device: torch.cuda.graph's default capture stream is one
             # per process, made on whichever device was current first, and capturing on it would
             # send a second engine's kernels (another GPU) to that device.
-            self.capture_stream = torch.cuda.Stream(device=self.device)
+            self.capture_stream = capture_stream or torch.cuda.Stream(device=self.device)
 
     def graph_bytes(self) -> int:
         """Bytes the captured graphs hold (module docstring)."""

@@ -17,6 +17,10 @@ hosts where a kernel misbehaves; the served settings are the `rose` parameters, 
                                    launch with programmatic dependent launch where flashinfer would (from
                                    sm_90) (default 128; 0: never); read when a graph is captured or an
                                    eager pass runs
+    ROSE_MAIN_ENGINE_SMS           the main engine's kernels on a CUDA green context of this many SMs
+                                   (default 0: the whole device); with the query lane the other SMs
+                                   stay free for its engine (engine/streams.py); read when an engine
+                                   is built
 
 The fused-kernel switch is a module attribute, not an environment variable: layers/fused.py.
 """
@@ -52,3 +56,7 @@ def flashinfer_pdl(tokens: int) -> bool | None:
     (benchmarks/RESULTS-engine.md), and a kernel launched with it is resident before the one ahead of it
     ends, which keeps the SMs from a query lane's kernels (serving/query_lane.py)."""
     return None if tokens <= int(os.environ.get("ROSE_FLASHINFER_PDL", "128")) else False
+
+
+def main_engine_sms() -> int:
+    return int(os.environ.get("ROSE_MAIN_ENGINE_SMS", "0"))
