@@ -29,7 +29,7 @@ def activation(name: str):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a fused gate/up projection: [T, 2F] -> [T, F] (flashinfer's kernel on CUDA)."""
     if fused.half_kernels(x):
-        return fused.flashinfer.activation.silu_and_mul(x, enable_pdl=switches.flashinfer_pdl(x.shape[0]))
+        return fused.flashinfer.activation.silu_and_mul(x, enable_pdl=switches.flashinfer_pdl())
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -68,10 +68,9 @@ class AddRMSNorm(RMSNorm):
         if isinstance(x, Partials):       # a split-K projection's partial products: summed here
             return _triton().parts_add_rmsnorm_(x.parts, x.bias, residual, self.weight, self.eps), residual
         if fused.half_kernels(x):
-            pdl = switches.flashinfer_pdl(x.shape[0])
             if residual is None:
-                return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps, enable_pdl=pdl), x
-            fused.flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps, enable_pdl=pdl)
+                return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl()), x
+            fused.flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl())
             return x, residual
         if residual is not None:
             x = x + residual

@@ -13,10 +13,9 @@ hosts where a kernel misbehaves; the served settings are the `rose` parameters, 
     ROSE_TRITON_PDL                largest token count whose triton-language kernels launch with
                                    programmatic dependent launch (default 128; 0: never); read when a
                                    graph is captured or an eager pass runs
-    ROSE_FLASHINFER_PDL            largest token count whose flashinfer norm and SiLU-and-mul kernels
-                                   launch with programmatic dependent launch where flashinfer would (from
-                                   sm_90) (default 128; 0: never); read when a graph is captured or an
-                                   eager pass runs
+    ROSE_FLASHINFER_PDL            0: flashinfer's norm and SiLU-and-mul kernels launch without
+                                   programmatic dependent launch (default: flashinfer's choice, on
+                                   from sm_90); read when a graph is captured or an eager pass runs
     ROSE_MAIN_ENGINE_SMS           the main engine's kernels on a CUDA green context of this many SMs
                                    (default 0: the whole device); with the query lane the other SMs
                                    stay free for its engine (engine/streams.py); read when an engine
@@ -50,12 +49,9 @@ def triton_pdl_max_tokens() -> int:
     return int(os.environ.get("ROSE_TRITON_PDL", "128"))
 
 
-def flashinfer_pdl(tokens: int) -> bool | None:
-    """enable_pdl for flashinfer's kernels on `tokens` rows: None (flashinfer's default: on from sm_90) up
-    to $ROSE_FLASHINFER_PDL tokens, else False. Past a few hundred tokens PDL gains nothing measurable
-    (benchmarks/RESULTS-engine.md), and a kernel launched with it is resident before the one ahead of it
-    ends, which keeps the SMs from a query lane's kernels (serving/query_lane.py)."""
-    return None if tokens <= int(os.environ.get("ROSE_FLASHINFER_PDL", "128")) else False
+def flashinfer_pdl() -> bool | None:
+    """enable_pdl for flashinfer's kernels: False under ROSE_FLASHINFER_PDL=0, else None (flashinfer's default)."""
+    return False if os.environ.get("ROSE_FLASHINFER_PDL", "") == "0" else None
 
 
 def main_engine_sms() -> int:

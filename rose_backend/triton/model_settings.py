@@ -121,7 +121,7 @@ class RoseSettings(ModelSettings):
     bulk_batch_tokens: int = _S.bulk_batch_tokens
     bulk_max_inflight: int = _S.bulk_max_inflight
     interactive_recent_ms: int = _S.interactive_recent_ms
-    interactive_stream: str = "off"
+    interactive_stream: str = "auto"
     bulk_batch_ms: str = _S.bulk_batch_ms
 
     def __post_init__(self):

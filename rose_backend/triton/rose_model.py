@@ -88,10 +88,11 @@ class RoseModel(DecoupledModel):
 
     def _start_engines(self, s: RoseSettings, cfg: ModelConfig, device: str):
         """Build and warm self.engine, then the query lane's engine where interactive_stream asks for one
-        (auto: on a GPU), on the main engine's weights; returns it, or None. Sets self.memory_limit and
-        self.budget (what the engines hold), and logs each engine's budget."""
+        (auto: on a GPU, where it fits in what the main engine leaves of the memory limit), on the main
+        engine's weights; returns it, or None. Sets self.memory_limit and self.budget (what the engines
+        hold), and logs each engine's budget."""
         from rose_backend.engine.engine import Engine
-        from rose_backend.engine.memory_budget import MIB
+        from rose_backend.engine.memory_budget import MIB, MemoryBudgetExceeded
         from rose_backend.triton.engine_options import engine_options, query_options
         options = engine_options(s, cfg, device)
         self.memory_limit = options.memory_limit_bytes          # None: no check
@@ -102,7 +103,13 @@ class RoseModel(DecoupledModel):
         warm = self._warm_up(s, cfg)
         if not (s.interactive_stream == "on" or (s.interactive_stream == "auto" and self.engine.device.type == "cuda")):
             return None
-        query_engine = Engine(cfg, device, query_options(options, self.engine.budget.total), weights_from=self.engine)
+        try:
+            query_engine = Engine(cfg, device, query_options(options, self.engine.budget.total), weights_from=self.engine)
+        except MemoryBudgetExceeded as e:
+            if s.interactive_stream == "on":
+                raise
+            pb_utils.Logger.log_warn(f"rose: no query lane (interactive_stream=auto): its engine {e}")
+            return None
         self.budget = self.engine.budget + query_engine.budget
         pb_utils.Logger.log_info(f"rose: memory budget of the query lane's engine: {query_engine.budget.describe()}; "
                                  f"both engines {self.budget.total / MIB:.0f} MiB (limit {limit})")

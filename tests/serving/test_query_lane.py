@@ -78,7 +78,7 @@ def test_with_no_bulk_in_flight_queries_run_on_the_main_engine(engines):
 
 
 def test_the_setting_is_auto_on_or_off():
-    assert RoseSettings().interactive_stream == "off"
+    assert RoseSettings().interactive_stream == "auto"                     # on with a GPU
     assert RoseSettings.from_values({"interactive_stream": "on"}).interactive_stream == "on"
     with pytest.raises(ValueError, match="'interactive_stream' must be auto, on or off, got 'yes'"):
         RoseSettings.from_values({"interactive_stream": "yes"})
