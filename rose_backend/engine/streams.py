@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from rose_backend.layers import switches
@@ -29,9 +31,17 @@ class EngineStream:
             from torch.cuda.green_contexts import GreenContext
             self.green = GreenContext.create(num_sms=self.sms, device_id=device.index)
             self.stream = self.green.Stream()
+            _outlive_every_tensor(self.green)
 
     @property
     def capture_stream(self) -> torch.cuda.Stream | None:
         """Where this engine's graphs are captured (None: the graph cache's own side stream): a
         green context's stream, since a graph's kernels run in the context they were captured in."""
         return self.stream if self.green is not None else None
+
+
+def _outlive_every_tensor(green) -> None:
+    """Keep a green context until the process ends (one reference never given back). A tensor used on
+    its stream and freed after it was destroyed (at interpreter exit, in whatever order objects go)
+    makes the caching allocator record an event on a destroyed context, and the process aborts."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(green))
