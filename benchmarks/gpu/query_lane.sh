@@ -6,13 +6,12 @@
 # overlap: precompiles both shapes' kernels if $PRE has none (benchmarks/gpu/precompile.sh), then
 #   `rose_bench query-overlap`: a 1 x 128 query on the query lane's engine beside 32 x 512 bulk
 #   batches, engine level, per variant of what the bulk batches run (default below: the defaults;
-#   flashinfer's norm and SiLU-and-mul kernels with programmatic dependent launch at every size, as
-#   before ROSE_FLASHINFER_PDL's limit; torch varlen; fa2 for fa3; the bulk batches on a green context
-#   of 120 of the H200's 132 SMs), with a profiler trace of each model's default and of pplx-embed's
-#   pdl-all. -> $OUT/overlap/query_overlap.json, $OUT/overlap/trace-*.json
+#   flashinfer's norm and SiLU-and-mul kernels without programmatic dependent launch; torch varlen;
+#   fa2 for fa3; the main engine on a green context of 120 of the H200's 132 SMs), with a profiler
+#   trace of each model's default. -> $OUT/overlap/query_overlap.json, $OUT/overlap/trace-*.json
 # lanes: `rose_bench lanes` (servers through the launcher; 1 x 128 queries at 50/s beside 4 clients
-#   pushing 100 x 512; READY per variant; default below: one stream, the query lane, the query lane
-#   with PDL at every size, the query lane with the main engine on 120 SMs) -> $OUT/lanes-MODEL/lanes.json
+#   pushing 100 x 512; READY per variant; default below: one stream, the defaults (the query lane),
+#   the query lane with the main engine on 120 SMs) -> $OUT/lanes-MODEL/lanes.json
 set -u
 MODE=$1 COMMIT=$2
 shift 2
@@ -24,12 +23,12 @@ source "$PRE/cache_env.sh"
 case $MODE in
   overlap)
     python3 -m rose_bench query-overlap --out "$OUT/overlap" --models "${1:-pplx-embed,bge-m3}" --seconds 4 --timeout 150 \
-      --trace pplx-embed/default,pplx-embed/pdl-all,bge-m3/default \
-      --variants "${2:-default:;pdl-all:env.ROSE_FLASHINFER_PDL=1000000;varlen:engine.attention=torch_varlen;fa2:env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3;sms120:env.ROSE_MAIN_ENGINE_SMS=120}" \
+      --trace pplx-embed/default,bge-m3/default \
+      --variants "${2:-default:;no-pdl:env.ROSE_FLASHINFER_PDL=0;varlen:engine.attention=torch_varlen;fa2:env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3;sms120:env.ROSE_MAIN_ENGINE_SMS=120}" \
       --git-commit "$COMMIT" ;;
   lanes)
     python3 -m rose_bench lanes --model "$1" --seconds 8 --warmup-s 3 --out "$OUT/lanes-$1" --work /tmp/rose-lanes \
-      --variants "${2:-lanes:;qlane:rose.interactive_stream=on;qlane-pdl-all:rose.interactive_stream=on,env.ROSE_FLASHINFER_PDL=1000000;qlane-sms120:rose.interactive_stream=on,env.ROSE_MAIN_ENGINE_SMS=120}" \
+      --variants "${2:-one-stream:rose.interactive_stream=off;defaults:;sms120:env.ROSE_MAIN_ENGINE_SMS=120}" \
       --git-commit "$COMMIT" ;;
   *) echo "query_lane: MODE is overlap or lanes, got $MODE"; exit 2 ;;
 esac
