@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from rose_backend.config import ModelConfig
-from rose_backend.engine.memory_budget import MIB, device_limit
+from rose_backend.engine.memory_budget import MIB, MemoryBudgetExceeded, device_limit
 from rose_backend.engine.options import EngineOptions
 from rose_backend.triton.model_settings import RoseSettings
 
@@ -27,3 +27,19 @@ def query_options(main: EngineOptions, main_bytes: int) -> EngineOptions:
     memory limit, what the main engine (main_bytes, its budget's total) leaves of the main limit."""
     left = None if main.memory_limit_bytes is None else main.memory_limit_bytes - main_bytes
     return dataclasses.replace(main, max_inflight=1, memory_limit_bytes=left)
+
+
+def query_engine_for(choice: str, main, options: EngineOptions, warn):
+    """The query lane's engine on `main`'s weights for interactive_stream=`choice`, or None: `off`; `auto`
+    on the CPU, or where it does not fit in what `main` leaves of the memory limit (warn(message) says
+    so); `on` builds it anywhere and raises MemoryBudgetExceeded where it does not fit."""
+    from rose_backend.engine.engine import Engine
+    if not (choice == "on" or (choice == "auto" and main.device.type == "cuda")):
+        return None
+    try:
+        return Engine(main.cfg, main.device, query_options(options, main.budget.total), weights_from=main)
+    except MemoryBudgetExceeded as e:
+        if choice == "on":
+            raise
+        warn(f"rose: no query lane (interactive_stream=auto): its engine {e}")
+        return None

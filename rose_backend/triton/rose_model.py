@@ -92,8 +92,8 @@ class RoseModel(DecoupledModel):
         engine's weights; returns it, or None. Sets self.memory_limit and self.budget (what the engines
         hold), and logs each engine's budget."""
         from rose_backend.engine.engine import Engine
-        from rose_backend.engine.memory_budget import MIB, MemoryBudgetExceeded
-        from rose_backend.triton.engine_options import engine_options, query_options
+        from rose_backend.engine.memory_budget import MIB
+        from rose_backend.triton.engine_options import engine_options, query_engine_for
         options = engine_options(s, cfg, device)
         self.memory_limit = options.memory_limit_bytes          # None: no check
         self.engine = Engine(cfg, device, options)
@@ -101,14 +101,8 @@ class RoseModel(DecoupledModel):
         limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
         pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} (limit {limit})")
         warm = self._warm_up(s, cfg)
-        if not (s.interactive_stream == "on" or (s.interactive_stream == "auto" and self.engine.device.type == "cuda")):
-            return None
-        try:
-            query_engine = Engine(cfg, device, query_options(options, self.engine.budget.total), weights_from=self.engine)
-        except MemoryBudgetExceeded as e:
-            if s.interactive_stream == "on":
-                raise
-            pb_utils.Logger.log_warn(f"rose: no query lane (interactive_stream=auto): its engine {e}")
+        query_engine = query_engine_for(s.interactive_stream, self.engine, options, pb_utils.Logger.log_warn)
+        if query_engine is None:
             return None
         self.budget = self.engine.budget + query_engine.budget
         pb_utils.Logger.log_info(f"rose: memory budget of the query lane's engine: {query_engine.budget.describe()}; "

@@ -63,3 +63,15 @@ def test_the_main_engine_on_a_green_context_leaves_the_other_sms_to_the_query_en
     assert query.streams.sms == 0 and query.stream.priority < 0
     side_by_side(main, query, plain, seed=6, big_len=300, small_len=40)
     torch.cuda.synchronize()
+
+
+def test_auto_builds_the_lane_on_a_gpu_and_leaves_it_out_with_a_warning_where_it_does_not_fit(gpu_tmp):
+    import dataclasses
+    from rose_backend.triton.engine_options import query_engine_for
+    cfg = ModelConfig.from_folder(make_folder("tiny-xlm-roberta", gpu_tmp / "query-lane-xlmr", device="cuda"))
+    main, warned = Engine(cfg, "cuda", EngineOptions(attention="torch_varlen")), []
+    tight = dataclasses.replace(main.options, memory_limit_bytes=main.budget.total + 1)     # nothing left for it
+    assert query_engine_for("auto", main, tight, warned.append) is None
+    assert len(warned) == 1 and "no query lane (interactive_stream=auto)" in warned[0] and "does not fit" in warned[0]
+    lane = query_engine_for("auto", main, main.options, warned.append)
+    assert lane is not None and lane.stream.priority < 0 and len(warned) == 1

@@ -40,3 +40,20 @@ def test_the_query_lane_takes_the_main_options_less_what_the_main_engine_holds()
     q = query_options(main, 60 * MIB)
     assert q == dataclasses.replace(main, max_inflight=1, memory_limit_bytes=40 * MIB)
     assert query_options(dataclasses.replace(main, memory_limit_bytes=None), 60 * MIB).memory_limit_bytes is None
+
+
+def test_the_query_engine_is_built_for_on_and_auto_on_a_gpu_and_refused_by_on_where_it_does_not_fit():
+    import pytest
+    from rose_backend.engine.engine import Engine
+    from rose_backend.engine.memory_budget import MemoryBudgetExceeded
+    from rose_backend.triton.engine_options import query_engine_for
+    cfg, warned = ModelConfig.from_folder(None), []
+    main = Engine(cfg, "cpu", EngineOptions())
+    assert query_engine_for("off", main, main.options, warned.append) is None
+    assert query_engine_for("auto", main, main.options, warned.append) is None          # the CPU: no lane
+    lane = query_engine_for("on", main, main.options, warned.append)
+    assert lane is not None and lane.model is main.model and lane.options.max_inflight == 1 and not warned
+    tight = dataclasses.replace(main.options, memory_limit_bytes=main.budget.total + 1)  # nothing left for it
+    with pytest.raises(MemoryBudgetExceeded, match="does not fit"):
+        query_engine_for("on", main, tight, warned.append)
+    assert not warned
