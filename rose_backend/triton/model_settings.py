@@ -27,9 +27,11 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 
 class ModelSettings:
     """The base of a model's settings: from_model_config() / from_values() parse, refuse unknown
-    parameters and wrong types; MINIMUM: lower bounds checked by _check()."""
+    parameters and wrong types; MINIMUM: lower bounds and CHOICES: the values a parameter takes, both
+    checked by _check()."""
     MODEL = "?"
     MINIMUM: dict[str, int] = {}
+    CHOICES: dict[str, tuple[str, ...]] = {}
 
     @classmethod
     def from_model_config(cls, model_config: str | dict):
@@ -78,6 +80,11 @@ class ModelSettings:
             value = getattr(self, name)
             if value < minimum:
                 raise ValueError(f"model {self.MODEL!r}: parameter {name!r} must be >= {minimum}, got {value}")
+        for name, choices in self.CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"model {self.MODEL!r}: parameter {name!r} must be {', '.join(choices[:-1])} "
+                                 f"or {choices[-1]}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,8 @@ class RoseSettings(ModelSettings):
                "bulk_threshold_tokens": 0, "bulk_batch_tokens": 1,
                "bulk_max_inflight": 1, "interactive_recent_ms": 0, "fp8_min_tokens": 0,
                "inline_backlog_us": -1}
+    CHOICES = {"device": ("auto", "cpu", "cuda"), "inline_execute": ("auto", "true", "false"),
+               "interactive_stream": ("auto", "on", "off"), "cuda_graphs": ("auto", "on", "off")}
 
     model_dir: str = ""
     model_kind: str = ""
@@ -128,19 +137,9 @@ class RoseSettings(ModelSettings):
         self._check()
         if not 0.0 <= self.bulk_min_share <= 1.0:
             raise ValueError(f"model 'rose': parameter 'bulk_min_share' must be between 0 and 1, got {self.bulk_min_share}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"model 'rose': parameter 'device' must be auto, cpu or cuda, got {self.device!r}")
-        if self.inline_execute not in ("auto", "true", "false"):
-            raise ValueError(f"model 'rose': parameter 'inline_execute' must be auto, true or false, "
-                             f"got {self.inline_execute!r}")
         if self.host_memory_trim not in HostMemoryTrimmer.MODES:
             raise ValueError(f"model 'rose': parameter 'host_memory_trim' must be one of "
                              f"{', '.join(HostMemoryTrimmer.MODES)}, got {self.host_memory_trim!r}")
-        if self.interactive_stream not in ("auto", "on", "off"):
-            raise ValueError(f"model 'rose': parameter 'interactive_stream' must be auto, on or off, "
-                             f"got {self.interactive_stream!r}")
-        if self.cuda_graphs not in ("auto", "on", "off"):
-            raise ValueError(f"model 'rose': parameter 'cuda_graphs' must be auto, on or off, got {self.cuda_graphs!r}")
         parse_bulk_batch_ms(self.bulk_batch_ms)
         if self.dtype and self.dtype not in DTYPES:
             raise ValueError(f"model 'rose': parameter 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
