@@ -190,7 +190,7 @@ class Engine:
             lt = LazyTensor.launch(out, s, host=slot.out_rows(out.shape[0]) if fits else None,
                                    event=slot.done if fits else None, extras=extras,
                                    extras_host=slot.extras_host(extras) if fits and slot.pinned else None,
-                                   copy_extras=key is not None)     # graphs' static outputs are overwritten
+                                   static=key is not None)     # a graph's static outputs, overwritten by its next replay
         except BaseException:
             # the staging may still be read by a queued host-to-device copy: drain the stream before
             # the slot is reused (its `done` event no longer follows that copy)

@@ -30,21 +30,21 @@ class LazyTensor:
     def launch(cls, src: torch.Tensor, rows: int | None = None, host: torch.Tensor | None = None,
                event: "torch.cuda.Event | None" = None,
                extras: dict[str, torch.Tensor] | None = None,
-               extras_host: dict[str, torch.Tensor] | None = None, copy_extras: bool = True) -> "LazyTensor":
+               extras_host: dict[str, torch.Tensor] | None = None, static: bool = True) -> "LazyTensor":
         """Queue src -> host (`rows`: how many of its rows are results). `host`, if given, is a
         (pinned) buffer of src's shape that nothing else writes until this handle is synchronized or
         detached; `event`, if given, is recorded after the copy (the owner of a buffer ring reuses
         one per buffer). `extras`:
         named device tensors (already cut to their real rows) copied back behind the same event,
         into `extras_host` (pinned buffers of their shapes, reused by the ring as `host` is) or new
-        pinned memory. On the CPU, `copy_extras=False` hands the extras over without a copy (for
+        pinned memory. On the CPU, `static=False` hands src and the extras over without a copy (for
         tensors that nothing overwrites: an eager pass's own outputs, not a graph's static ones)."""
         rows = src.shape[0] if rows is None else rows
         if src.device.type != "cuda":
-            lt = cls(src[:rows].detach().to("cpu", torch.float32).contiguous(), None, rows)
-            # a graph's static outputs are overwritten by its next replay, and the serving layer
-            # keeps these rows until their request's piece is delivered
-            lt.extras = {k: v.detach().to("cpu", torch.float32, copy=copy_extras).numpy()
+            # A graph's static outputs are overwritten by its next replay, while the serving layer
+            # keeps these rows until their request is answered: a static src is copied, always.
+            lt = cls(src[:rows].detach().to("cpu", torch.float32, copy=static).contiguous(), None, rows)
+            lt.extras = {k: v.detach().to("cpu", torch.float32, copy=static).numpy()
                          for k, v in (extras or {}).items()}
             return lt
         if host is None:

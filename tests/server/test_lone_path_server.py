@@ -84,3 +84,40 @@ def test_a_one_text_embed_takes_the_lone_path_too(lone_server, sentence_model):
         got = np.concatenate([c.embed([t]) for t in texts])
     assert cos_dist(got, sentence_model.encode(texts)).max() <= 1e-4
     assert lone_count(lone_server, before + 2) == before + 2
+
+
+@pytest.mark.parametrize("which", ["lone", "default"])
+def test_many_clients_get_their_own_rows(which, lone_server, server, minilm_shaped_dir):
+    """The cross-talk checker through a real server: one client with pauses (the lone path on the
+    lone server), then bursts of eight clients; every answer against its own request's rows from an
+    in-process eager engine. `lone`: inline_execute with graphs; `default`: neither (the CPU's auto)."""
+    import threading
+
+    from rose_backend.config import ModelConfig
+    from rose_backend.engine.engine import Engine
+    from rose_backend.engine.options import EngineOptions
+    from rose_testing.cross_talk import distinct_requests, reference_rows, run_clients
+
+    srv = lone_server if which == "lone" else server
+    requests = distinct_requests(7, 16 + 4 * 32, (1000, 30000), max_seqs=2, lengths=(3, 60))
+    local, clients = threading.local(), []
+
+    def embed(seqs):
+        if not hasattr(local, "client"):
+            local.client = EmbeddingClient(srv.grpc_url)
+            clients.append(local.client)
+        return local.client.embed_tokens(seqs)
+
+    before = lone_count(srv)
+    try:
+        reports = [run_clients(embed, requests[:16], clients=1, pause_s=0.01)]
+        for start in range(16, len(requests), 32):
+            reports.append(run_clients(embed, requests[start:start + 32], clients=8))
+    finally:
+        for c in clients:
+            c.close()
+    eager = Engine(ModelConfig.from_folder(minilm_shaped_dir), "cpu", EngineOptions(graphs=False))
+    for report in reports:
+        report.check(reference_rows(eager.embed, report.requests))
+    if which == "lone":
+        assert lone_count(srv) > before                 # the lone path was among those checked
