@@ -1,13 +1,14 @@
 """The keys a deployment runs with, and the Triton options that require them.
 
 - The API key (env API_KEY, or the first line of --api-key-file): what a caller who may infer needs
-  on Triton (inference, model metadata, model configuration, statistics; HTTP and gRPC) and on the
-  gateway's /v1/*. None: all of it is open (perf_analyzer and Model Analyzer read a model's
-  configuration and statistics; reading them changes nothing).
+  on Triton (inference over gRPC; model metadata, model configuration, statistics over HTTP and
+  gRPC) and on the gateway's /v1/*. None: all of it is open (perf_analyzer and Model Analyzer read a
+  model's configuration and statistics; reading them changes nothing).
 - The admin key (env ADMIN_KEY, else a fresh random one per start): Triton's control plane (model
-  repository: load / unload; shared memory; trace; logging). It is always required: without it
-  anyone who reaches Triton's ports could load a model whose model.py they send (a repository load
-  with a file override).
+  repository: load / unload; shared memory; trace; logging) and inference over Triton's HTTP port.
+  It is always required: without it anyone who reaches Triton's ports could load a model whose
+  model.py they send (a repository load with a file override), or crash the server with one HTTP
+  body.
 
 Both are checked with rose_client.auth.check_key (the form Triton's command line can carry) and
 never printed. Triton takes them only on its command line; rose_backend.launch.argv_scrub hides them from
@@ -23,6 +24,7 @@ from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key, read_key_f
 
 CONTROL_PLANE = ("model-repository", "shared-memory", "trace", "logging")
 DATA_PLANE = ("inference", "metadata", "model-config", "statistics")
+HTTP_ADMIN_ONLY = ("inference",)        # over HTTP under the admin key (restricted_args says why)
 KEY_VARIABLES = ("API_KEY", "ADMIN_KEY", "ROSE_ADMIN_KEY")     # kept out of tritonserver's environment
 
 
@@ -53,13 +55,17 @@ def launch_keys(env: dict, api_key_file: str | None = None) -> Keys:
 
 def restricted_args(api_key: str | None, admin_key: str) -> list[str]:
     """tritonserver options: the control plane under the admin key, the data plane (inference,
-    metadata, model config, statistics) under the API key when there is one (HTTP and gRPC alike).
-    Health stays open (probes, readiness)."""
+    metadata, model config, statistics) under the API key when there is one. Inference over HTTP is
+    under the admin key too, whatever the API key: callers infer through gRPC and the gateway, and
+    Triton's HTTP server parses a JSON body recursively (a deeply nested one crashes it), while a
+    restricted call is refused before its body is read. Health stays open (probes, readiness)."""
     args = []
+    http = {ADMIN_KEY_NAME: CONTROL_PLANE + HTTP_ADMIN_ONLY, API_KEY_NAME: tuple(
+        a for a in DATA_PLANE if a not in HTTP_ADMIN_ONLY)}
     for plane, name, value in ((CONTROL_PLANE, ADMIN_KEY_NAME, admin_key), (DATA_PLANE, API_KEY_NAME, api_key)):
         if value:
-            apis = ",".join(plane)
-            args += [f"--http-restricted-api={apis}:{name}={value}", f"--grpc-restricted-protocol={apis}:{name}={value}"]
+            args += [f"--http-restricted-api={','.join(http[name])}:{name}={value}",
+                     f"--grpc-restricted-protocol={','.join(plane)}:{name}={value}"]
     return args
 
 

@@ -253,13 +253,15 @@ def test_bad_requests_among_good_ones_get_their_own_errors(server, hf):
 
 
 def test_options_pass_through_to_rose_and_tokenize_keeps_http(server, client):
-    """DIMENSIONS / ENCODING reach `rose` through the decoupled step; `tokenize` still answers HTTP."""
+    """DIMENSIONS / ENCODING reach `rose` through the decoupled step; `tokenize` still answers HTTP
+    (to the admin key: Triton's HTTP inference is the deployment's own)."""
     full = client.embed(["a b c"])
     assert client.embed(["a b c"], dimensions=64).shape == (1, 64)
     np.testing.assert_allclose(client.embed(["a b c"], dimensions=64)[0],
                                full[0, :64] / np.linalg.norm(full[0, :64]), atol=1e-5)
     body = b'{"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["hello world"]}]}'
-    req = urllib.request.Request(f"http://127.0.0.1:{server.ports.http}/v2/models/tokenize/infer", body)
+    req = urllib.request.Request(f"http://127.0.0.1:{server.ports.http}/v2/models/tokenize/infer", body,
+                                 headers={"admin-key": server.admin_key})
     with urllib.request.urlopen(req, timeout=30) as r:
         assert b'"data":[101,7592,2088,102]' in r.read()
 

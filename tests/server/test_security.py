@@ -122,13 +122,10 @@ def test_the_control_plane_needs_the_admin_key_over_grpc(srv):
 
 
 @pytest.mark.server
-def test_inference_metadata_config_statistics_and_health_are_open_without_an_api_key(srv):
+def test_metadata_config_statistics_and_health_are_open_without_an_api_key(srv):
     for path in ("/v2/health/ready", "/v2/health/live", "/v2/models/embed/ready", "/v2/models/embed", "/v2",
                  "/v2/models/rose/config", "/v2/models/stats", "/v2/models/embed/stats"):
         assert http(srv, "GET", path)[0] == 200, path
-    body = {"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}
-    code, text = http(srv, "POST", "/v2/models/tokenize/infer", body)
-    assert code == 200 and "INPUT_IDS" in text
     client = grpcclient.InferenceServerClient(srv.grpc_url)
     assert client.is_server_ready() and client.is_model_ready("embed")
     assert client.get_model_config("rose", as_json=True)["config"]["name"] == "rose"
@@ -244,9 +241,8 @@ def test_make_serve_with_api_key_requires_it_on_triton(keyed_launch):
     with EmbeddingClient(keyed_launch.grpc_url, api_key=API_KEY) as c:          # the stream, too
         assert c.embed(["hello"]).shape == (1, 384)
     srv = type("S", (), {"ports": keyed_launch.ports})
-    body = {"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}
-    assert http(srv, "POST", "/v2/models/tokenize/infer", body)[0] == 403
-    assert http(srv, "POST", "/v2/models/tokenize/infer", body, http_api_key_headers(API_KEY))[0] == 200
+    assert http(srv, "GET", "/v2/models/embed/config")[0] == 403
+    assert http(srv, "GET", "/v2/models/embed/config", headers=http_api_key_headers(API_KEY))[0] == 200
     assert http(srv, "GET", "/v2/health/ready")[0] == 200
 
 
@@ -290,3 +286,66 @@ def test_the_printed_client_command_works_with_the_key(keyed_launch):
     refused = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=120,
                              env={**os.environ, "API_KEY": "not-the-key-1"})
     assert refused.returncode != 0 and "API key" in refused.stderr
+
+
+TOKENIZE_BODY = {"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["hello world"]}]}
+
+
+@pytest.mark.server
+def test_inference_over_tritons_http_port_needs_the_admin_key(srv):
+    """Callers infer through gRPC and the gateway; Triton's own HTTP inference answers the
+    deployment's admin key only (and so refuses any other caller before reading a body)."""
+    code, text = http(srv, "POST", "/v2/models/tokenize/infer", TOKENIZE_BODY)
+    assert code == 403 and "admin-key" in text, (code, text)
+    code, text = http(srv, "POST", "/v2/models/tokenize/infer", TOKENIZE_BODY, {"admin-key": srv.admin_key})
+    assert code == 200 and '"data":[101,7592,2088,102]' in text.replace(" ", ""), (code, text)
+
+
+def nested_json_request(path: str, depth: int = 60_000, headers: dict | None = None) -> bytes:
+    """A 120 KB POST whose JSON body nests `depth` arrays: Triton 2.51's HTTP server parses a body
+    recursively and crashes (SIGSEGV) on it when it parses it at all."""
+    body = ('{"inputs":[{"name":"TEXT","shape":[1],"datatype":"BYTES","data":' + "[" * depth + '"a"'
+            + "]" * depth + "}]}").encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+def send_raw(port: int, request: bytes) -> bytes:
+    """The raw answer to `request` on 127.0.0.1:port (what came before the server closed)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.server
+def test_a_deeply_nested_body_crashes_no_process(srv, keyed_launch):
+    """The nested body on every HTTP port a deployment opens, to every route that reads a JSON body
+    (Triton's inference and control plane with and without a key, the gateway's routes with the
+    API key, so that the body is read, and Triton's metrics port): each is answered with an error,
+    and every process still serves."""
+    plain = [(srv.ports.http, p, h) for p in ("/v2/models/tokenize/infer", "/v2/models/embed/generate",
+                                              "/v2/repository/index", "/v2/logging")
+             for h in (None, http_api_key_headers(API_KEY))]
+    keyed = [(keyed_launch.ports.http, "/v2/models/tokenize/infer", http_api_key_headers(API_KEY)),
+             (keyed_launch.ports.metrics, "/metrics", None)]
+    gateway_port = int(keyed_launch.gateway_url.rsplit(":", 1)[1])
+    bearer = {"Authorization": f"Bearer {API_KEY}"}
+    keyed += [(gateway_port, p, bearer) for p in ("/v1/embeddings", "/embeddings", "/v1/rerank")]
+    for port, path, headers in plain + keyed:
+        answer = send_raw(port, nested_json_request(path, headers=headers))
+        status = answer.split(b"\r\n", 1)[0]
+        assert re.match(rb"HTTP/1\.[01] (4\d\d)", status), (port, path, answer[:300])
+    assert srv.proc.poll() is None
+    assert keyed_launch.proc.poll() is None and "restarted" not in keyed_launch.output, keyed_launch.output[-3000:]
+    with EmbeddingClient(srv.grpc_url) as c:
+        assert c.embed(["still serving"]).shape == (1, 384)
+    with EmbeddingClient(keyed_launch.grpc_url, api_key=API_KEY) as c:
+        assert c.embed(["still serving"]).shape == (1, 384)
+    r = httpx.post(keyed_launch.gateway_url + "/v1/embeddings", json={"input": "still serving"}, headers=bearer,
+                   timeout=60)
+    assert r.status_code == 200, r.text
