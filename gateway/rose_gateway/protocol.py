@@ -14,7 +14,8 @@ After a refusal the connection reads and drops what the client still sends for u
 seconds, so that the client sees the answer rather than a reset. Beyond the cap plus `overflow`
 more connections a new one is closed at once (a flood must not take the process's last file
 descriptors). A client that goes away while its request is being served has the callbacks in its
-scope's DISCONNECT list called (app.py cancels the request's work with them).
+scope's DISCONNECT list called (app.py cancels the request's work with them); one that only
+half-closes after sending its request whole is answered, then closed.
 POST /v1/embeddings (and /embeddings) goes to the `direct` handler without the ASGI app (direct.py).
 Costs per request: two timer handles and a few counters, no extra task.
 """
@@ -117,6 +118,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             for callback in cycle.scope.pop(DISCONNECT, ()):
                 callback()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool:
+        """The client closed its sending side (shutdown(SHUT_WR), as `curl -T` or a one-shot client
+        does). Requests it sent whole are still answered, then the connection closes; a connection
+        with nothing to answer, or a request cut short, closes now."""
+        cycle = self.cycle
+        waiting = (cycle is not None and not cycle.response_complete) or bool(self.pipeline)
+        if self._begun or not waiting or self._refusing:
+            return False                       # asyncio closes the transport
+        last = self.pipeline[0][0] if self.pipeline else cycle      # pipeline: newest at the left
+        last.keep_alive = False                # closed once its answer is written
+        return True
 
     def _close_an_idle_one(self) -> bool:
         """At the cap: close one keep-alive connection waiting for its next request, if there is one."""

@@ -243,6 +243,26 @@ def test_a_client_reset_is_counted_as_499_not_an_error(gw, server):
     assert_serving(gw)
 
 
+def test_a_client_that_half_closes_after_its_request_is_answered(gw):
+    """shutdown(SHUT_WR) after a whole request (the direct embeddings path, a Starlette route, two
+    pipelined requests): every request is answered, then the gateway closes. A request cut short by
+    the half-close is not answered (there is nothing whole to answer) and the connection closes."""
+    one = request("/v1/embeddings", json.dumps({"input": "half closed"}).encode())
+    models = request("/v1/models", method="GET")
+    for data, statuses in ((one, [200]), (models, [200]), (one + one, [200, 200])):
+        with connect(gw) as s:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            got = [read_response(s)[0] for _ in statuses]
+            assert got == statuses
+            assert s.recv(1) == b""                     # then closed by the gateway
+    with connect(gw) as s:
+        s.sendall(request("/v1/embeddings", headers={"Content-Length": "1000"}) + b'{"input": "')
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(65536) == b""
+    assert_serving(gw)
+
+
 @pytest.mark.parametrize("kind", ["texts", "token ids"])     # (the session server is this worker's own)
 def test_work_of_clients_that_went_away_is_cancelled(gw, server, kind):
     """10 requests of 64 inputs of ~256 tokens, their clients reset once rose has a backlog of
