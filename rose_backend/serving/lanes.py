@@ -72,17 +72,18 @@ class LaneStats:
         self.waits = {lane: 0 for lane in LANES}
         self.wait_sum_s = {lane: 0.0 for lane in LANES}
         self.wait_counts = {lane: [0] * (len(WAIT_BUCKETS_S) + 1) for lane in LANES}
+        self.wait_sums_s = {lane: [0.0] * (len(WAIT_BUCKETS_S) + 1) for lane in LANES}   # per bucket
 
     def waited(self, lane: str, seconds: float) -> None:
-        self.wait_counts[lane][bisect.bisect_left(WAIT_BUCKETS_S, seconds)] += 1
+        i = bisect.bisect_left(WAIT_BUCKETS_S, seconds)
+        self.wait_counts[lane][i] += 1
+        self.wait_sums_s[lane][i] += seconds
         self.wait_sum_s[lane] += seconds
         self.waits[lane] += 1
 
-    def waits_at_most(self, lane: str, bound_s: float) -> int:
-        """Requests of `lane` that waited at most `bound_s` (a bucket bound, or math.inf): the
-        cumulative count of a Prometheus histogram bucket."""
-        i = len(WAIT_BUCKETS_S) if math.isinf(bound_s) else WAIT_BUCKETS_S.index(bound_s)
-        return sum(self.wait_counts[lane][:i + 1])
+    def wait_histogram(self, lane: str) -> tuple[list[int], list[float]]:
+        """(count, sum of seconds) per bucket of WAIT_BUCKETS_S and a last +Inf one, not cumulative."""
+        return list(self.wait_counts[lane]), list(self.wait_sums_s[lane])
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
     rose_lane_queue_tokens{lane}            gauge: tokens of the lane waiting in the pool
     rose_lane_batches_total{lane}           counter: batches launched holding the lane's sequences
-    rose_lane_wait_seconds_bucket{lane,le}  histogram (counters): admission to first batch, seconds
-    rose_lane_wait_seconds_sum{lane}, rose_lane_wait_seconds_count{lane}
+    rose_lane_wait_seconds{lane}            histogram: admission to first batch, seconds
+                                            (_bucket{le}, _sum, _count: one snapshot per scrape)
 
 e.g. histogram_quantile(0.99, rate(rose_lane_wait_seconds_bucket{lane="interactive"}[1m])).
 `model` is the served model object (m.service: its EmbeddingService).
@@ -11,7 +11,7 @@ e.g. histogram_quantile(0.99, rate(rose_lane_wait_seconds_bucket{lane="interacti
 from __future__ import annotations
 
 from rose_backend.serving.lanes import LANES, WAIT_BUCKETS_S
-from rose_backend.triton.polled_metrics import Series, histogram_series
+from rose_backend.triton.polled_metrics import Histogram, Series
 
 
 def lane_series() -> list[Series]:
@@ -22,9 +22,10 @@ def lane_series() -> list[Series]:
                           lambda m, lane=lane: m.service.scheduler.lane_tokens[lane]))
         out.append(Series("rose_lane_batches_total", "counter", "forward passes launched holding the lane's sequences",
                           labels, lambda m, lane=lane: m.service.scheduler.stats.batches[lane]))
-        out += histogram_series(
-            "rose_lane_wait_seconds", "seconds from a request's admission to its first batch, per lane", labels,
-            WAIT_BUCKETS_S, lambda m, bound, lane=lane: m.service.scheduler.stats.waits_at_most(lane, bound),
-            lambda m, lane=lane: m.service.scheduler.stats.wait_sum_s[lane],
-            lambda m, lane=lane: m.service.scheduler.stats.waits[lane])
     return out
+
+
+def lane_histograms() -> list[Histogram]:
+    return [Histogram("rose_lane_wait_seconds", "seconds from a request's admission to its first batch, per lane",
+                      {"lane": lane}, tuple(WAIT_BUCKETS_S),
+                      lambda m, lane=lane: m.service.scheduler.stats.wait_histogram(lane)) for lane in LANES]

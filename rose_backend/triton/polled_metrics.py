@@ -13,17 +13,22 @@ a burst of ten round trips once a second stalled the scheduler thread for a whol
 
     metrics = PolledMetrics(args, model, {"name_total": ("what it counts", lambda m: m.stats.x)},
                             gauges={"name": ("what it measures", lambda m: m.queued)},
-                            labelled=[Series("name_total", "counter", "what it counts", {"lane": "bulk"}, read)])
+                            labelled=[Series("name_total", "counter", "what it counts", {"lane": "bulk"}, read)],
+                            histograms=[Histogram("name_seconds", "what it times", {"lane": "bulk"}, bounds, read)])
     metrics.stop()          # in finalize()
 
 A labelled series carries labels beside the model's own (model, version); the series of one name
-form one family and must agree on its kind and description. A histogram is served as Prometheus
-lays one out, from counters: NAME_bucket{le="..."} (cumulative), NAME_sum and NAME_count
-(histogram_series), so that histogram_quantile() works and the request path only adds to numbers.
+form one family and must agree on its kind and description. A histogram (Histogram) is one of
+Triton's histogram metrics, whose scrape is one snapshot (each bucket, _sum and _count agree): the
+request path counts each observation and adds its value into its bucket's sum; the metrics thread
+replays what came since its last refresh, each bucket's new observations at their mean (which lies
+in that bucket), at most MAX_REPLAYED a refresh (the rest at the next one).
 """
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -45,37 +50,73 @@ class Series(NamedTuple):
     read: Callable[[object], float]
 
 
-def histogram_series(name: str, description: str, labels: dict, bounds: Iterable[float],
-                     at_most: Callable[[object, float], int], total: Callable[[object], float],
-                     count: Callable[[object], int]) -> list[Series]:
-    """A histogram as counters: NAME_bucket per bound (at_most(model, bound): observations <= bound;
-    a last +Inf bucket, at_most(model, inf)), NAME_sum (total) and NAME_count (count)."""
-    out = [Series(f"{name}_bucket", "counter", description, {**labels, "le": repr(float(b))},
-                  lambda m, b=float(b): at_most(m, b)) for b in bounds]
-    out.append(Series(f"{name}_bucket", "counter", description, {**labels, "le": "+Inf"},
-                      lambda m: at_most(m, float("inf"))))
-    out.append(Series(f"{name}_sum", "counter", description, labels, total))
-    out.append(Series(f"{name}_count", "counter", description, labels, count))
-    return out
+MAX_REPLAYED = 4096          # observations a histogram's refresh replays at most (each a round trip)
+
+
+class Histogram(NamedTuple):
+    """One labelled histogram: bounds of its buckets (a last +Inf one follows); read(model) ->
+    (count per bucket, sum of values per bucket), len(bounds) + 1 each, not cumulative."""
+    name: str
+    description: str
+    labels: dict
+    bounds: tuple[float, ...]
+    read: Callable[[object], tuple[list[int], list[float]]]
+
+
+class _Replay:
+    """What of a Histogram's observations were replayed into its Triton metric."""
+
+    def __init__(self, metric, h: Histogram):
+        self.metric, self.read = metric, h.read
+        edges = (-math.inf, *map(float, h.bounds), math.inf)
+        self.ranges = list(zip(edges[:-1], edges[1:]))        # bucket i holds (lo, hi]
+        self.counts = [0] * len(self.ranges)
+        self.sums = [0.0] * len(self.ranges)
+
+    def __call__(self, model) -> None:
+        counts, sums = self.read(model)
+        budget = MAX_REPLAYED
+        for i, (lo, hi) in enumerate(self.ranges):
+            n = min(counts[i] - self.counts[i], budget)
+            if n <= 0:
+                continue
+            # the mean of what came into this bucket; kept inside it (a read between the request
+            # path's two additions sees a count without its value)
+            mean = (sums[i] - self.sums[i]) / (counts[i] - self.counts[i])
+            value = min(max(mean, math.nextafter(lo, math.inf)), hi)
+            for _ in range(n):
+                self.metric.observe(value)
+            self.counts[i] += n
+            self.sums[i] += n * mean
+            budget -= n
 
 
 class PolledMetrics:
     def __init__(self, args: dict, model, counters: Table, gauges: Table | None = None, period_s: float = 1.0,
-                 labelled: Iterable[Series] = ()):
+                 labelled: Iterable[Series] = (), histograms: Iterable[Histogram] = ()):
         labels = {"model": args["model_name"], "version": str(args.get("model_version", "1"))}
         self.model, self.period_s = model, period_s
-        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
+        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
+                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
         series = [Series(n, "counter", d, {}, r) for n, (d, r) in counters.items()]
         series += [Series(n, "gauge", d, {}, r) for n, (d, r) in (gauges or {}).items()]
         families: dict[str, object] = {}
-        self.metrics = []
-        for s in [*series, *labelled]:
-            fam = families.get(s.name)
+
+        def family(name: str, description: str, kind: str):
+            fam = families.get(name)
             if fam is None:
-                fam = families[s.name] = pb_utils.MetricFamily(name=s.name, description=s.description,
-                                                               kind=kinds[s.kind])
-            self.metrics.append((fam, fam.Metric(labels={**labels, **s.labels}), s.read, s.kind == "counter"))
-        self.last = {id(m): 0 for _, m, _, _ in self.metrics}
+                fam = families[name] = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
+            return fam
+
+        self.metrics = []                 # what one refresh slot updates: a series, or a histogram
+        for s in [*series, *labelled]:
+            metric = family(s.name, s.description, s.kind).Metric(labels={**labels, **s.labels})
+            self.metrics.append(functools.partial(self._refresh_one, metric, s.read, s.kind == "counter"))
+        for h in histograms:
+            fam = family(h.name, h.description, "histogram")
+            self.metrics.append(_Replay(fam.Metric(labels={**labels, **h.labels}, buckets=list(h.bounds)), h))
+        self._families = families         # a family dropped would drop its metrics from the page
+        self.last: dict[int, float] = {}
         self._parent = os.getppid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{labels['model']}-metrics", daemon=True)
@@ -87,14 +128,14 @@ class PolledMetrics:
             if os.getppid() != self._parent:        # the server is gone: no more round trips
                 return
             try:
-                self._refresh_one(*self.metrics[i][1:])
+                self.metrics[i](self.model)
             except Exception:
                 log.exception("refreshing metrics failed")
             i = (i + 1) % len(self.metrics)
 
-    def _refresh_one(self, metric, read, is_counter: bool) -> None:
-        value = read(self.model)
-        last = self.last[id(metric)]
+    def _refresh_one(self, metric, read, is_counter: bool, model) -> None:
+        value = read(model)
+        last = self.last.get(id(metric), 0)
         if is_counter and value > last:
             metric.increment(value - last)
         elif not is_counter and value != last:

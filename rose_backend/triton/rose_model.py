@@ -43,7 +43,7 @@ from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan, query_lane_plan
 from rose_backend.triton.decoupled import DecoupledModel, send_final
-from rose_backend.triton.lane_metrics import lane_series
+from rose_backend.triton.lane_metrics import lane_histograms, lane_series
 from rose_backend.triton.model_settings import RoseSettings
 from rose_backend.triton.numpy_interop import check_numpy_interop
 from rose_backend.triton.parent_watch import drop_triton_objects, watch_parent
@@ -80,7 +80,8 @@ class RoseModel(DecoupledModel):
             self.service = self._service(s, cfg, query_engine)
         except Exception as e:
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
-        self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET])
+        self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET],
+                                     histograms=lane_histograms())
         log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
                  cfg.embedding_dim, cfg.pooling, cfg.normalize)
         gc.collect()

@@ -149,3 +149,66 @@ def test_queries_are_answered_while_a_huge_embed_is_computed_on_the_shipped_sett
     finally:
         big_conn.close()
         q_conn.close()
+
+
+def test_every_scrape_of_the_wait_histogram_is_one_snapshot(server):
+    """Under load (four clients of short requests, one of bulk ones), each of many scrapes of
+    rose_lane_wait_seconds agrees with itself: per lane and instance the buckets never fall as `le`
+    grows, the +Inf bucket is _count, and counts only grow from one scrape to the next."""
+    import threading
+
+    from support.metrics import scrape
+    stop, errors = threading.Event(), []
+
+    def client(n: int, length: int, lane: str | None) -> None:
+        conn = StreamConnection(server.grpc_url)
+        try:
+            i = 0
+            while not stop.is_set():
+                conn.infer("rose", ids_request(i, n, length), parameters={"lane": lane} if lane else None).result(120)
+                i += 1
+        except Exception as e:              # reported below: the load must run
+            errors.append(e)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(1, 16, None)) for _ in range(4)]
+    threads.append(threading.Thread(target=client, args=(8, 256, "bulk")))
+    for t in threads:
+        t.start()
+    snapshots = []
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            snapshots.append(scrape(server))
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(150)
+    assert not errors, errors
+    last: dict = {}
+    name = "rose_lane_wait_seconds"
+    for text in snapshots:
+        hist: dict = {}
+        for line in text.splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            head, value = line.rsplit(" ", 1)
+            labels = dict(part.split("=", 1) for part in head[head.index("{") + 1:-1].split(","))
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            key = (labels.get("model"), labels.get("lane"))
+            h = hist.setdefault(key, {"buckets": []})
+            if head.startswith(name + "_bucket"):
+                le = labels["le"]
+                h["buckets"].append((float("inf") if le == "+Inf" else float(le), float(value)))
+            elif head.startswith(name + "_count"):
+                h["count"] = float(value)
+        assert hist, text
+        for key, h in hist.items():
+            counts = [c for _, c in sorted(h["buckets"])]
+            assert counts == sorted(counts), (key, sorted(h["buckets"]))
+            assert counts[-1] == h["count"], (key, counts[-1], h["count"])
+            assert h["count"] >= last.get(key, 0), (key, h["count"], last.get(key))
+            last[key] = h["count"]
+    assert last[("rose", "interactive")] > 0 and last[("rose", "bulk")] > 0, last

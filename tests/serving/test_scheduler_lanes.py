@@ -133,7 +133,7 @@ def test_waits_are_recorded_once_per_request_in_its_lane():
     drain(s)
     st = s.stats
     assert st.waits == {"interactive": 1, "bulk": 1}
-    assert st.waits_at_most("bulk", float("inf")) == 1 and st.waits_at_most("interactive", WAIT_BUCKETS_S[-1]) == 1
+    assert sum(st.wait_histogram("bulk")[0]) == 1 and sum(st.wait_histogram("interactive")[0][:-1]) == 1
     assert 0 <= st.wait_sum_s["bulk"] < 5
 
 
@@ -165,15 +165,17 @@ def test_rejects_a_bad_share():
         Scheduler(100, 8, bulk_min_share=1.5)
 
 
-def test_wait_histogram_is_cumulative_per_lane():
+def test_wait_histogram_counts_and_sums_per_bucket_and_lane():
     from rose_backend.serving.lanes import LaneStats
     st = LaneStats()
     for s in (0.0005, 0.001, 0.004, 0.04, 20.0):
         st.waited("bulk", s)
     st.waited("interactive", 0.002)
-    counts = [st.waits_at_most("bulk", b) for b in WAIT_BUCKETS_S] + [st.waits_at_most("bulk", float("inf"))]
-    assert counts == sorted(counts) and counts[-1] == 5 == st.waits["bulk"]
-    assert st.waits_at_most("bulk", 0.001) == 2                # le is inclusive
-    assert st.waits_at_most("bulk", 0.005) == 3 and st.waits_at_most("bulk", 10.0) == 4
-    assert st.waits_at_most("interactive", 0.001) == 0 and st.waits_at_most("interactive", 0.0025) == 1
-    assert abs(st.wait_sum_s["bulk"] - 20.0455) < 1e-9
+    counts, sums = st.wait_histogram("bulk")
+    assert len(counts) == len(sums) == len(WAIT_BUCKETS_S) + 1 and sum(counts) == 5 == st.waits["bulk"]
+    at_most = {b: sum(c for c, hi in zip(counts, WAIT_BUCKETS_S) if hi <= b) for b in WAIT_BUCKETS_S}
+    assert at_most[0.001] == 2                                   # le is inclusive
+    assert at_most[0.005] == 3 and at_most[10.0] == 4 and counts[-1] == 1 and sums[-1] == 20.0
+    i = WAIT_BUCKETS_S.index(0.001)
+    assert abs(sums[i] - 0.0015) < 1e-12 and abs(sum(sums) - 20.0455) < 1e-9
+    assert sum(st.wait_histogram("interactive")[0]) == 1 and abs(st.wait_sum_s["bulk"] - 20.0455) < 1e-9
