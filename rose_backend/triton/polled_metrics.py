@@ -21,8 +21,8 @@ A labelled series carries labels beside the model's own (model, version); the se
 form one family and must agree on its kind and description. A histogram (Histogram) is one of
 Triton's histogram metrics, whose scrape is one snapshot (each bucket, _sum and _count agree): the
 request path counts each observation and adds its value into its bucket's sum; the metrics thread
-replays what came since its last refresh, each bucket's new observations at their mean (which lies
-in that bucket), at most MAX_REPLAYED a refresh (the rest at the next one).
+replays what came since its last look, each bucket's new observations at their mean (which lies
+in that bucket), at every refresh of a series (so in small steps), at most MAX_REPLAYED a step.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Series(NamedTuple):
     read: Callable[[object], float]
 
 
-MAX_REPLAYED = 4096          # observations a histogram's refresh replays at most (each a round trip)
+MAX_REPLAYED = 256           # observations a histogram replays at most in one step (each a round trip)
 
 
 class Histogram(NamedTuple):
@@ -108,13 +108,12 @@ class PolledMetrics:
                 fam = families[name] = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
             return fam
 
-        self.metrics = []                 # what one refresh slot updates: a series, or a histogram
+        self.metrics = []                 # one refreshed per tick, in turn
         for s in [*series, *labelled]:
             metric = family(s.name, s.description, s.kind).Metric(labels={**labels, **s.labels})
             self.metrics.append(functools.partial(self._refresh_one, metric, s.read, s.kind == "counter"))
-        for h in histograms:
-            fam = family(h.name, h.description, "histogram")
-            self.metrics.append(_Replay(fam.Metric(labels={**labels, **h.labels}, buckets=list(h.bounds)), h))
+        self.histograms = [_Replay(family(h.name, h.description, "histogram").Metric(
+            labels={**labels, **h.labels}, buckets=list(h.bounds)), h) for h in histograms]   # each, every tick
         self._families = families         # a family dropped would drop its metrics from the page
         self.last: dict[int, float] = {}
         self._parent = os.getppid()
@@ -123,15 +122,19 @@ class PolledMetrics:
         self._thread.start()
 
     def _run(self):
-        tick, i = self.period_s / max(1, len(self.metrics)), 0
-        while self.metrics and not self._stop.wait(tick):
+        slots = len(self.metrics) or 1
+        tick, i = self.period_s / slots, 0
+        while (self.metrics or self.histograms) and not self._stop.wait(tick):
             if os.getppid() != self._parent:        # the server is gone: no more round trips
                 return
             try:
-                self.metrics[i](self.model)
+                if self.metrics:
+                    self.metrics[i](self.model)
+                for h in self.histograms:
+                    h(self.model)
             except Exception:
                 log.exception("refreshing metrics failed")
-            i = (i + 1) % len(self.metrics)
+            i = (i + 1) % slots
 
     def _refresh_one(self, metric, read, is_counter: bool, model) -> None:
         value = read(model)
