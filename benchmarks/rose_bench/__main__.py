@@ -17,7 +17,7 @@ SUBCOMMANDS = {
     "tokenize": "tokenize_stage",
     "readiness": "readiness", "soak": "soak", "retrieval": "retrieval", "outputs": "outputs",
     "rerank": "rerank", "stub-probe": "stub_probe", "fp8-accuracy": "fp8_accuracy",
-    "stub-recovery": "stub_recovery", "query-overlap": "query_overlap",
+    "stub-recovery": "stub_recovery", "query-overlap": "query_overlap", "cells": "cells",
 }
 
 

@@ -40,6 +40,8 @@ class Spec:
     # gRPC stream to `url`; `model` is then the text model (text=True) or the token model.
     balanced_urls: tuple = ()
     client_kwargs: dict | None = None
+    seconds: float = 0.0        # > 0: timed requests for this long (at least one) instead of `n`
+    parameters: dict | None = None   # request parameters (e.g. {"lane": "bulk"}) of a raw stream's requests
 
 
 def _requests(spec: Spec):
@@ -67,7 +69,8 @@ def _connect(spec: Spec):
         return (client.embed if spec.text else client.embed_tokens), client.close
     from rose_client.transport import StreamConnection
     conn = StreamConnection(spec.url)
-    return (lambda req: conn.infer(spec.model, req).result(spec.timeout)["EMBEDDINGS"]), conn.close
+    return (lambda req: conn.infer(spec.model, req, parameters=spec.parameters).result(spec.timeout)["EMBEDDINGS"]), \
+        conn.close
 
 
 def run_client(spec: Spec) -> dict:
@@ -80,16 +83,17 @@ def run_client(spec: Spec) -> dict:
             emb = call(reqs[i % len(reqs)])
         if spec.start_at:
             time.sleep(max(0.0, spec.start_at - time.time()))
-        lat = np.empty(spec.n)
+        lat = []
         t0 = time.time()
-        for i in range(spec.n):
+        end = t0 + spec.seconds
+        while (len(lat) < spec.n) if not spec.seconds else (not lat or time.time() < end):
             s = time.perf_counter()
-            emb = call(reqs[i % len(reqs)])
-            lat[i] = time.perf_counter() - s
+            emb = call(reqs[len(lat) % len(reqs)])
+            lat.append(time.perf_counter() - s)
         t1 = time.time()
         if emb is not None and emb.shape[0] != spec.batch:
             raise RuntimeError(f"expected {spec.batch} embeddings, got {emb.shape}")
-        return {"latencies_s": lat.tolist(), "t0": t0, "t1": t1, "embeddings": spec.n * spec.batch}
+        return {"latencies_s": lat, "t0": t0, "t1": t1, "embeddings": len(lat) * spec.batch}
     finally:
         close()
 
