@@ -139,6 +139,11 @@ def dimensions(body: dict) -> int | None:
     return value
 
 
+def tei_order(scores: np.ndarray) -> list[int]:
+    """Best first, as TEI orders: a stable ascending sort, reversed (of equal scores the later index first)."""
+    return np.argsort(scores, kind="stable")[::-1].tolist()
+
+
 def unit_rows(emb: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(emb, axis=1, keepdims=True)
     return np.ascontiguousarray(emb / np.maximum(norms, 1e-12), dtype=np.float32)
@@ -202,9 +207,11 @@ class Tei:
                 return model.tokenize(texts, req.prompt_name, req.truncate, req.left)
             return await asyncio.get_running_loop().run_in_executor(
                 None, model.tokenize, texts, req.prompt_name, req.truncate, req.left)
-        except ApiError as e:                  # the shared messages name `task`, TEI's field is prompt_name
+        except ApiError as e:                  # the shared messages name OpenAI's fields: TEI's names
             if e.param == "task":
                 raise bad_request("prompt_name", e.message.replace("task / prompt name", "prompt_name")) from None
+            if e.param and e.param.startswith("input["):
+                raise bad_request("inputs" + e.param[5:], e.message.replace("input[", "inputs[", 1)) from None
             raise
 
     def _embedder(self, route: str) -> None:
@@ -366,8 +373,7 @@ class Tei:
         scores = await gw.reranker.scores(RerankRequest(query, texts, None, False, None, lane))
         if np.isnan(scores).any():
             raise ApiError(424, "score is NaN", code="backend")
-        # TEI sorts ascending (a stable sort) and reverses: equal scores come last index first
-        order = np.argsort(scores, kind="stable")[::-1].tolist()
+        order = tei_order(scores)
         gw.metrics.inputs.inc(len(texts))
         if return_text:
             return dumps([{"index": i, "text": texts[i], "score": float(scores[i])} for i in order])
