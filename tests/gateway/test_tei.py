@@ -176,3 +176,37 @@ def test_metrics_count_the_tei_routes(http, gateway):
     http.post("/embed", json={"inputs": "counted"})
     page = httpx.get(gateway.url + "/metrics").text
     assert 'endpoint="tei_embed"' in page and 'endpoint="tei_root"' in page
+
+
+# --------------------------------------------------------------------------- a model that does not normalise
+@pytest.fixture(scope="module")
+def raw_model(shared_server, tmp_path_factory):
+    """A tiny BERT folder with CLS pooling and no Normalize module, its server and gateway: /embed_all
+    and normalize=false have their exact TEI meaning there."""
+    from rose_testing.folders import make_folder
+    from rose_testing.reference import Reference
+    folder = make_folder("tiny-bert", tmp_path_factory.mktemp("tei-raw") / "bert", pooling="cls", normalize=False)
+    srv = shared_server(None, model_dir=str(folder), name="tei-raw-bert")
+    with gateway_for(srv.grpc_url, "tei-raw", extra_args=["--model", str(folder), "--workers", "1"]) as gw:
+        with httpx.Client(base_url=gw.url, timeout=120) as h:
+            yield Reference(folder), h
+
+
+def test_embed_all_and_normalize_on_a_model_that_does_not_normalise(raw_model):
+    from rose_testing.folders import ids_to_text
+    ref, http = raw_model
+    rng = np.random.default_rng(0)
+    lists = [rng.integers(10, 1000, size=n).tolist() for n in (3, 17, 40)]
+    texts = [ids_to_text(ids) for ids in lists]
+    got = http.post("/embed_all", json={"inputs": texts}).json()
+    assert [len(g) for g in got] == [3, 17, 40]
+    for g, ids in zip(got, lists):
+        np.testing.assert_allclose(np.asarray(g, np.float32), ref.hidden(ids).numpy(), atol=1e-4)
+    raw = ref.embed(lists)                                                # CLS, not normalised
+    np.testing.assert_allclose(http.post("/embed", json={"inputs": texts, "normalize": False}).json(), raw, atol=1e-4)
+    unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    np.testing.assert_allclose(http.post("/embed", json={"inputs": texts}).json(), unit, atol=1e-5)
+    cut = http.post("/embed", json={"inputs": lists, "dimensions": 16, "normalize": False}).json()
+    np.testing.assert_allclose(cut, raw[:, :16], atol=1e-4)
+    cut = http.post("/embed", json={"inputs": lists, "dimensions": 16}).json()
+    np.testing.assert_allclose(cut, raw[:, :16] / np.linalg.norm(raw[:, :16], axis=1, keepdims=True), atol=1e-5)
