@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ DIRECTIONS = {"right": False, "Right": False, "left": True, "Left": True}    # -
 POOLING_NAMES = {"lasttoken": "last_token"}                                    # rose's name -> TEI's
 SPARSE_HEADS = ("sparse_linear.pt", "sparse_linear.safetensors")
 INFO_CACHE_S = 30.0
+_INPUT_INDEX = re.compile(r"input\[(\d+)\]")     # how the shared tokenizer names a text
 MAX_REQUEST_SEQS = 4096         # `rose`'s default, while no replica has reported its own
 
 
@@ -183,7 +185,12 @@ class Tei:
         if len(texts) == len(req.items):
             ids, lens = toks.ids, toks.lens
         else:
-            lists = model.cut_token_lists([x for x in req.items if not isinstance(x, str)], req.truncate, req.left)
+            m = model.max_seq_length
+            for i, x in enumerate(req.items):
+                if not req.truncate and not isinstance(x, str) and len(x) > m:
+                    raise bad_request(f"inputs[{i}]", f"inputs[{i}] has {len(x)} tokens; this model embeds at most "
+                                                      f"{m} (send \"truncate\": true to cut it there)")
+            lists = model.cut_token_lists([x for x in req.items if not isinstance(x, str)], True, req.left)
             lists_iter, text_k, starts = iter(lists), 0, None
             if toks is not None:
                 starts = np.zeros(len(toks.lens) + 1, np.int64)
@@ -210,8 +217,10 @@ class Tei:
         except ApiError as e:                  # the shared messages name OpenAI's fields: TEI's names
             if e.param == "task":
                 raise bad_request("prompt_name", e.message.replace("task / prompt name", "prompt_name")) from None
-            if e.param and e.param.startswith("input["):
-                raise bad_request("inputs" + e.param[5:], e.message.replace("input[", "inputs[", 1)) from None
+            m = _INPUT_INDEX.match(e.param or "")
+            if m:                              # its index among the texts -> among all the inputs
+                where = f"inputs[{[i for i, x in enumerate(req.items) if isinstance(x, str)][int(m.group(1))]}]"
+                raise bad_request(where, e.message.replace(m.group(0), where, 1)) from None
             raise
 
     def _embedder(self, route: str) -> None:

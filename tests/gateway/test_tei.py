@@ -86,6 +86,10 @@ def test_embed_inputs_token_ids_mixed_and_truncation(http, sentence_model):
     assert cos_dist(np.asarray(left, np.float32), np.asarray(cut, np.float32)).max() > 1e-3
     r = http.post("/embed", json={"inputs": long, "truncate": False})
     assert r.status_code == 422 and r.json()["error_type"] == "Validation" and "inputs[0]" in r.json()["error"]
+    r = http.post("/embed", json={"inputs": [ids[0], long], "truncate": False})            # its index among all
+    assert r.status_code == 422 and r.json()["error"].startswith("inputs[1] has")
+    r = http.post("/embed", json={"inputs": ["a", ids[0] * 50], "truncate": False})
+    assert r.status_code == 422 and r.json()["error"].startswith("inputs[1] has")
 
 
 def test_embed_normalize_false_on_a_normalising_model(http, sentence_model):
