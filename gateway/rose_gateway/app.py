@@ -5,8 +5,10 @@
     app.state.direct                                           # POST /v1/embeddings without the app
 
 POST /v1/embeddings is the hot path: the connection hands it to app.state.direct (direct.py), which
-reads the body, calls Gateway.embed_raw and writes the answer, past Starlette; every other route
-(and embeddings under any other server) is the Starlette app's.
+reads the body, calls Gateway.embed_raw and writes the answer, past Starlette; TEI's POST /embed
+and POST / (tei.py) go the same way; every other route (and these under any other server) is the
+Starlette app's. Text-embeddings-inference's routes (tei.py) answer in TEI's shapes and error
+format; /rerank takes both TEI's body ({"query", "texts"}) and the Cohere one ({"query", "documents"}).
 
 Texts are tokenized here, once each (tokens.py: rose_ensemble's tokenizer under the deployment's
 `tokenize` settings), and their ids go straight to `rose` over gRPC streams (rose_client's
@@ -37,10 +39,11 @@ from rose_gateway import stages
 from rose_gateway.embeddings import (check_dimensions, cut_dimensions, embedding_response, loads,
                                      parse_embedding_request)
 from rose_gateway.endpoint import direct_endpoint, endpoint
-from rose_gateway.errors import ApiError, from_triton, too_large, unavailable
+from rose_gateway.errors import ApiError, from_triton, tei_response, too_large, unavailable
 from rose_gateway.metrics import GatewayMetrics
 from rose_gateway.rerank import Reranker, parse_rerank_request, rerank_response
 from rose_gateway.settings import GatewaySettings
+from rose_gateway.tei import Tei
 from rose_gateway.tokens import ModelInfo
 from rose_gateway.triton_state import TritonState
 from rose_gateway.workers import STATE_ENV, serving_count, worker_of
@@ -63,6 +66,7 @@ class Gateway:
         self.state: TritonState | None = None
         self.reranker: Reranker | None = None
         self._settings_retry_at = 0.0
+        self.tei = Tei(self)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app):
@@ -208,13 +212,25 @@ class Gateway:
             self.model.use_server_settings(config)
 
     async def rerank(self, request: Request) -> Response:
-        body = await self.read_json(request)
+        return await self._rerank(await self.read_json(request))
+
+    async def _rerank(self, body: object) -> Response:
         if not await self.state.serves_rerank():
             raise ApiError(404, "this deployment serves no reranker (no replica has a ready `rerank` model); "
                                 "serve a reranker folder to use /v1/rerank", code="model_not_found")
         req = parse_rerank_request(body, self.settings.max_inputs)
         scores = await self.reranker.scores(req)
         return JSONResponse(rerank_response(req, scores, req.model or "rerank"))
+
+    async def rerank_either(self, request: Request) -> Response:
+        """POST /rerank: TEI's body ({"query", "texts"}: TEI's answer and errors) or the Cohere one."""
+        body = await self.read_json(request)
+        if isinstance(body, dict) and "texts" in body and "documents" not in body:
+            try:
+                return Response(await self.tei.rerank(body), media_type="application/json")
+            except ApiError as e:
+                return tei_response(e)
+        return await self._rerank(body)
 
     async def models(self, _request: Request) -> Response:
         data = [{"id": self.name, "object": "model", "created": 0, "owned_by": "rose"}]
@@ -242,32 +258,72 @@ class Gateway:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
 
-async def _http_error(_request: Request, exc: HTTPException) -> Response:
+TEI_POSTS = ("/embed", "/embed_sparse", "/embed_all", "/similarity", "/tokenize", "/decode")
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
     msg = {404: "no such route; this gateway serves POST /v1/embeddings, POST /v1/rerank, GET /v1/models, "
-                "GET /health and GET /metrics",
+                "GET /health and GET /metrics, and text-embeddings-inference's POST /embed, /embed_sparse, "
+                "/embed_all, /similarity, /rerank, /tokenize, /decode and /, and GET /info",
            405: "method not allowed on this route"}.get(exc.status_code, str(exc.detail))
-    return ApiError(exc.status_code, msg).response()
+    e = ApiError(exc.status_code, msg)
+    return tei_response(e) if request.url.path in TEI_POSTS or request.url.path == "/info" else e.response()
+
+
+def _tei_post(gw: Gateway, handler):
+    """A Starlette handler for a TEI route: the JSON body to `handler` (async or not), its bytes back."""
+    async def run(request: Request) -> Response:
+        out = handler(await gw.read_json(request))
+        if not isinstance(out, bytes):
+            out = await out
+        return Response(out, media_type="application/json")
+    return run
 
 
 def create_app(settings: GatewaySettings) -> Starlette:
     gw = Gateway(settings)
 
-    def route(path, name, handler, method, auth=True):
+    def route(path, name, handler, method, auth=True, tei=False):
         return Route(path, endpoint(name, handler, gw.metrics, settings.api_key, auth=auth, json_body=method == "POST",
-                                    retry_after=settings.retry_after), methods=[method])
+                                    retry_after=settings.retry_after, tei=tei), methods=[method])
+
+    tei = gw.tei
+
+    async def tei_info(_request: Request) -> Response:
+        return Response(await tei.info(), media_type="application/json")
 
     routes = [
         route("/v1/embeddings", "embeddings", gw.embeddings, "POST"),
         route("/embeddings", "embeddings", gw.embeddings, "POST"),
         route("/v1/rerank", "rerank", gw.rerank, "POST"),
-        route("/rerank", "rerank", gw.rerank, "POST"),
+        route("/rerank", "rerank", gw.rerank_either, "POST"),
         route("/v1/models", "models", gw.models, "GET"),
         route("/health", "health", gw.health, "GET", auth=False),
         route("/metrics", "metrics", gw.metrics_page, "GET", auth=False),
+        # text-embeddings-inference's routes (tei.py)
+        route("/embed", "tei_embed", _tei_post(gw, tei.embed), "POST", tei=True),
+        route("/", "tei_root", _tei_post(gw, tei.root), "POST", tei=True),
+        route("/", "health", gw.health, "GET", auth=False),
+        route("/embed_sparse", "tei_embed_sparse", _tei_post(gw, tei.embed_sparse), "POST", tei=True),
+        route("/embed_all", "tei_embed_all", _tei_post(gw, tei.embed_all), "POST", tei=True),
+        route("/similarity", "tei_similarity", _tei_post(gw, tei.similarity), "POST", tei=True),
+        route("/tokenize", "tei_tokenize", _tei_post(gw, tei.tokenize), "POST", tei=True),
+        route("/decode", "tei_decode", _tei_post(gw, tei.decode), "POST", tei=True),
+        route("/info", "tei_info", tei_info, "GET", tei=True),
     ]
     app = Starlette(routes=routes, lifespan=gw.lifespan, exception_handlers={HTTPException: _http_error})
     app.state.gateway = gw
-    # what the connections serve POST /v1/embeddings with, without the app (protocol.py, direct.py)
-    app.state.direct = direct_endpoint("embeddings", gw.embed_raw, gw.metrics, settings.api_key,
-                                       settings.max_body_bytes, settings.retry_after)
+    # what the connections serve POST /v1/embeddings, /embed and / with, without the app (protocol.py,
+    # direct.py: DIRECT_PATHS)
+    openai_embed = direct_endpoint("embeddings", gw.embed_raw, gw.metrics, settings.api_key,
+                                   settings.max_body_bytes, settings.retry_after)
+    by_path = {"/v1/embeddings": openai_embed, "/embeddings": openai_embed,
+               "/embed": direct_endpoint("tei_embed", tei.embed_raw, gw.metrics, settings.api_key,
+                                         settings.max_body_bytes, settings.retry_after, tei=True),
+               "/": direct_endpoint("tei_root", tei.root_raw, gw.metrics, settings.api_key,
+                                    settings.max_body_bytes, settings.retry_after, tei=True)}
+
+    def direct(cycle):
+        return by_path[cycle.scope["path"]](cycle)
+    app.state.direct = direct
     return app

@@ -1,4 +1,4 @@
-"""POST /v1/embeddings without ASGI: the connection (protocol.py) hands the request to a
+"""POST /v1/embeddings (and TEI's POST /embed and /) without ASGI: the connection (protocol.py) hands the request to a
 DirectCycle, which reads the body itself, awaits the gateway's handler once and writes the whole
 answer in one write. No scope-to-Request translation, no middleware, no ASGI messages: the
 request's Python is the parser's callbacks, this cycle and the handler.
@@ -21,7 +21,8 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from rose_gateway import stages
 from rose_gateway.errors import too_large
 
-DIRECT_PATHS = (b"/v1/embeddings", b"/embeddings")      # POST only; the rest is the app's
+# POST only (OpenAI's embeddings, TEI's /embed and /); the rest is the app's
+DIRECT_PATHS = (b"/v1/embeddings", b"/embeddings", b"/embed", b"/")
 JSON = b"application/json"
 _STATUS = {s: f"HTTP/1.1 {s} {http.HTTPStatus(s).phrase}\r\n".encode("ascii") for s in http.HTTPStatus}
 _STATUS[499] = b"HTTP/1.1 499 Client Closed Request\r\n"

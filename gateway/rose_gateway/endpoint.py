@@ -7,6 +7,7 @@ connection (protocol.py) calls back when its client disconnects: the handler's t
 which cancels the request's calls to Triton (rose_client stops sending its chunks and cancels its
 streams). A handler cancelled because the gateway is stopping (its drain timeout ran out)
 answers 503. direct_endpoint() is the same for POST /v1/embeddings served without the app (direct.py).
+tei=True: every error in text-embeddings-inference's format and codes (errors.tei_body).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from starlette.responses import Response
 
 from rose_gateway import stages
 from rose_gateway.direct import JSON, ClientGone
-from rose_gateway.errors import ApiError
+from rose_gateway.errors import ApiError, tei_body, tei_response, tei_status
 from rose_gateway.metrics import GatewayMetrics
 from rose_gateway.protocol import ANSWERED, DISCONNECT
 
@@ -30,9 +31,10 @@ GONE = 499                      # the status a request whose client went away is
 
 
 def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth: bool = True,
-             json_body: bool = False, retry_after: int = 1):
+             json_body: bool = False, retry_after: int = 1, tei: bool = False):
     """Wrap a handler: API key, content type, error format, metrics, disconnects. Unexpected
     errors answer 500 without a trace (the log has it)."""
+    answer = tei_response if tei else ApiError.response
 
     async def run(request: Request) -> Response:
         t0 = time.perf_counter()
@@ -44,16 +46,16 @@ def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth:
                 check_json(request.headers.get("content-type"))
             response = await handler(request)
         except ApiError as e:
-            response = e.response()
+            response = answer(e)
             log_refusal(name, e)
         except ClientDisconnect:
             response = Response(status_code=GONE)
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()
-            response = Response(status_code=GONE) if gone else stopping(retry_after).response()
+            response = Response(status_code=GONE) if gone else answer(stopping(retry_after))
         except Exception:
             log.exception("%s failed", name)
-            response = INTERNAL.response()
+            response = answer(INTERNAL)
         finally:
             forget()
         if ANSWERED not in request.scope:            # else the connection answered (408) and counted it
@@ -63,9 +65,10 @@ def endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, auth:
 
 
 def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None, max_body_bytes: int,
-                    retry_after: int = 1):
+                    retry_after: int = 1, tei: bool = False):
     """endpoint() for a DirectCycle (direct.py): the same checks, answers and metrics, on the
     connection's own header list. handler: async (raw body bytes) -> JSON body bytes."""
+    status_of, body_of = (tei_status, tei_body) if tei else (lambda e: e.status, ApiError.body)
 
     async def run(cycle) -> tuple[int, bytes, list]:
         t0 = time.perf_counter()
@@ -83,7 +86,7 @@ def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None
             stages.mark("body_read")
             body = await handler(raw)
         except ApiError as e:
-            status, body = e.status, e.body()
+            status, body = status_of(e), body_of(e)
             if e.retry_after is not None:
                 headers = [(b"retry-after", str(e.retry_after).encode("ascii"))]
             log_refusal(name, e)
@@ -95,10 +98,10 @@ def direct_endpoint(name: str, handler, metrics: GatewayMetrics, key: str | None
                 status, body = GONE, b""
             else:
                 e = stopping(retry_after)
-                status, body, headers = e.status, e.body(), [(b"retry-after", str(retry_after).encode("ascii"))]
+                status, body, headers = status_of(e), body_of(e), [(b"retry-after", str(retry_after).encode("ascii"))]
         except Exception:
             log.exception("%s failed", name)
-            status, body = INTERNAL.status, INTERNAL.body()
+            status, body = status_of(INTERNAL), body_of(INTERNAL)
         finally:
             forget()
         if ANSWERED not in cycle.scope:              # else the connection answered (408) and counted it

@@ -8,6 +8,11 @@ body that is not declared JSON, 431 headers over the limits, 503 (with Retry-Aft
 overloaded, no replica answers, or the connection cap is reached. Messages never carry a stack
 trace, a key, or an internal address: replicas are named "replica 0", "replica 1", ... in the order
 of --triton-urls (the gateway's log keeps their addresses).
+
+Text-embeddings-inference's routes (tei.py) answer the same failures in TEI's format and codes
+(tei_status, tei_body): {"error": "...", "error_type": "Validation"}; bad input 422, an empty batch
+400, too large a batch or body 413, a route the served model has no use for 424, overload 429, no
+replica answering 503.
 """
 from __future__ import annotations
 
@@ -55,6 +60,41 @@ def raw_error_response(status: int, message: str, code: str, retry_after: int | 
     return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
 
 
+# TEI's error types (its router's ErrorType, serialised by name) and the status each answers with here
+TEI_TYPES = {400: "Empty", 413: "Validation", 422: "Validation", 424: "Backend", 429: "Overloaded",
+             500: "Backend", 503: "Unhealthy"}
+
+
+def tei_status(e: ApiError) -> int:
+    """The status of `e` on a TEI route: bad input is 422 there (400 only for an empty batch),
+    an overloaded server 429 (TEI's), the rest as on the OpenAI routes."""
+    if e.status == 400:
+        return 400 if e.code == "empty" else 422
+    if e.status == 503 and e.code == "overloaded":
+        return 429
+    return e.status
+
+
+def tei_body(e: ApiError) -> bytes:
+    """TEI's error body: {"error": message, "error_type": one of TEI's ErrorType names}."""
+    return json.dumps({"error": e.message, "error_type": TEI_TYPES.get(tei_status(e), "Validation")}).encode()
+
+
+def tei_response(e: ApiError) -> Response:
+    headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
+    return Response(tei_body(e), tei_status(e), headers, media_type="application/json")
+
+
+def empty_batch(param: str) -> ApiError:
+    """TEI's 400 "Empty": a batch with nothing in it (on the OpenAI routes, a 400 as any bad input)."""
+    return ApiError(400, f"`{param}` cannot be empty", param=param, code="empty")
+
+
+def not_for_this_model(message: str) -> ApiError:
+    """TEI's 424 "Backend": the route has no use for the served model (embed on a reranker, ...)."""
+    return ApiError(424, message, code="model_kind")
+
+
 def bad_request(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")
 
@@ -83,6 +123,10 @@ def from_triton(exc: BaseException, urls: list[str], retry_after: int = 1) -> Ap
         param = "dimensions" if "DIMENSIONS" in str(exc) else "input"
         return ApiError(400, f"the server refused the input: {redact(str(exc), urls)}", param=param,
                         code="server_refused")
+    if isinstance(exc, ServerError) and not exc.server_leaving:
+        # the server said it is overloaded (its queue is full): TEI's 429 on the TEI routes
+        return ApiError(503, f"the embedding server is unavailable or overloaded, retry later "
+                             f"({redact(str(exc), urls)})", code="overloaded", retry_after=retry_after)
     if isinstance(exc, (ServerError, AllReplicasDown, ConnectionLost, ConnectionError, TimeoutError)):
         return unavailable(f"the embedding server is unavailable or overloaded, retry later ({redact(str(exc), urls)})",
                            retry_after)

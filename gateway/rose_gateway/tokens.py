@@ -16,12 +16,14 @@ tokenizer only counts their tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from rose_ensemble.late_chunks import ChunkPlan, LateChunker
 from rose_ensemble.tokenization import InputError, TextTokenizer
@@ -47,6 +49,7 @@ class ModelInfo:
         from rose_backend.config import ModelConfig     # stdlib only: no torch
         from rose_ensemble.tokenize_settings import TokenizeSettings    # json and dataclasses only
         cfg = ModelConfig.from_folder(model_dir)
+        self.config = cfg                   # pooling, kind, config.json (TEI's GET /info)
         self.folder = cfg.model_dir
         self.name = model_name(cfg.model_dir)
         self.normalizes = cfg.normalize
@@ -63,6 +66,24 @@ class ModelInfo:
             max_text_bytes=s.max_text_bytes)
         self.chunker = LateChunker(self.tokenizer, overlap) if self.is_embedding else None
         self.prompts = self.tokenizer.prompts
+        self._variants: dict[str, TextTokenizer | Tokenizer] = {}
+
+    def left_tokenizer(self) -> TextTokenizer:
+        """The tokenizer under the same settings, truncating on the left (TEI's truncation_direction)."""
+        tok = self._variants.get("left")
+        if tok is None:
+            tok = dataclasses.replace(self.tokenizer, tokenizer=Tokenizer.from_str(self.tokenizer.tokenizer.to_str()))
+            tok.tokenizer.enable_truncation(tok.max_seq_length, direction="left")
+            self._variants["left"] = tok
+        return tok
+
+    def untruncated(self) -> Tokenizer:
+        """The folder's Hugging Face tokenizer without truncation (TEI's /tokenize and /decode)."""
+        tok = self._variants.get("full")
+        if tok is None:
+            tok = self._variants["full"] = Tokenizer.from_str(self.tokenizer.tokenizer.to_str())
+            tok.no_truncation()
+        return tok
 
     @property
     def max_seq_length(self) -> int:
@@ -98,10 +119,11 @@ class ModelInfo:
                 raise bad_request("task", str(e)) from None
             return ""                                # counts only: the server refuses the task itself
 
-    def tokenize(self, texts: list[str], task: str | None, truncate: bool) -> Tokens:
+    def tokenize(self, texts: list[str], task: str | None, truncate: bool, left: bool = False) -> Tokens:
         """Each text once, as `tokenize` does it: cut to max_text_bytes, the task's prompt in front,
-        truncated at max_seq_length. truncate=False: 400 naming the first text that would be cut."""
-        tok = self.tokenizer
+        truncated at max_seq_length (left=True: its first tokens are cut, the special tokens kept).
+        truncate=False: 400 naming the first text that would be cut."""
+        tok = self.left_tokenizer() if left else self.tokenizer
         self.check_task(task)
         prompt = self._prompt(task)
         if tok.max_text_bytes and any(len(t) * 4 > tok.max_text_bytes for t in texts):
@@ -131,11 +153,13 @@ class ModelInfo:
             m = _TEXT_INDEX.search(str(e))
             raise bad_request(f"input[{m.group(1)}]" if m else "input", str(e).replace("TEXT[", "input[")) from None
 
-    def cut_token_lists(self, token_lists: list[list[int]], truncate: bool) -> list[list[int]]:
+    def cut_token_lists(self, token_lists: list[list[int]], truncate: bool, left: bool = False) -> list[list[int]]:
         if not truncate:
             self.check_lengths([len(t) for t in token_lists])
             return token_lists
         m = self.max_seq_length
+        if left:
+            return [t[len(t) - m:] if len(t) > m else t for t in token_lists]
         return [t[:m] if len(t) > m else t for t in token_lists]
 
     def check_lengths(self, counts: list[int]) -> None:

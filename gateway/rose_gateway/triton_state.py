@@ -63,6 +63,19 @@ class TritonState:
             return cfg.get("config", cfg)
         return None
 
+    async def model_config(self, name: str) -> dict | None:
+        """A model's configuration (its parameters: dtype, max_batch_tokens, ...) from the first
+        replica that answers; None when none does."""
+        for url in self.urls:
+            try:
+                cfg = await self._client(url).get_model_config(name, headers=self._headers, as_json=True,
+                                                               client_timeout=self.timeout)
+            except Exception:
+                await self._drop(url)
+                continue
+            return cfg.get("config", cfg)
+        return None
+
     async def health(self) -> dict[str, str]:
         """{"replica 0": "ready" or why not, ...}"""
         states = await asyncio.gather(*(self.replica_status(u) for u in self.urls))
