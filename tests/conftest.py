@@ -181,7 +181,7 @@ def client(server):
 # the controller fails the run if a worker found any (pytest_testnodedown).
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
           "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers",
-          "test_m3_outputs": "m3", "test_requested_outputs": "m3",
+          "test_m3_outputs": "m3", "test_requested_outputs": "m3", "test_tei_m3": "m3", "test_tei_rerank": "rerankers",
           "test_qwen3_server": "qwen3", "test_gateway_tokens": "qwen3"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
 # so that their minutes are spread over the workers. (test_fp8_accuracy is one unit: its tests share

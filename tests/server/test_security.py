@@ -335,7 +335,8 @@ def test_a_deeply_nested_body_crashes_no_process(srv, keyed_launch):
              (keyed_launch.ports.metrics, "/metrics", None)]
     gateway_port = int(keyed_launch.gateway_url.rsplit(":", 1)[1])
     bearer = {"Authorization": f"Bearer {API_KEY}"}
-    keyed += [(gateway_port, p, bearer) for p in ("/v1/embeddings", "/embeddings", "/v1/rerank")]
+    keyed += [(gateway_port, p, bearer) for p in ("/v1/embeddings", "/embeddings", "/v1/rerank", "/embed", "/",
+                                                    "/rerank", "/embed_sparse", "/embed_all", "/tokenize", "/decode")]
     for port, path, headers in plain + keyed:
         answer = send_raw(port, nested_json_request(path, headers=headers))
         status = answer.split(b"\r\n", 1)[0]
