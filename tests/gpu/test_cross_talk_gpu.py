@@ -19,8 +19,11 @@ MAX_COS_DIST = 1e-3
 
 
 @pytest.fixture(scope="module")
-def cfg():
-    return ModelConfig.from_folder(None)              # the default model (real weights)
+def cfg(gpu_tmp):
+    """A random BERT folder (no model package needed on the GPU host): 30,522 ids, 2 layers."""
+    from rose_testing.folders import make_folder
+    return ModelConfig.from_folder(make_folder("tiny-bert", gpu_tmp / "cross-talk-bert", vocab_size=30522,
+                                               hidden_size=128, num_attention_heads=4, intermediate_size=256))
 
 
 @pytest.fixture(scope="module")
