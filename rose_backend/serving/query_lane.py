@@ -6,7 +6,7 @@ buffers, CUDA graphs and attention workspaces of its own, on a CUDA stream of hi
 bulk work is in flight on the main engine, interactive batches go to the query engine, one at a
 time, so a query runs beside the bulk batches already on the GPU instead of behind them, and the
 bulk batches need not be kept small for its sake (the LanePolicy's caps do not apply): each takes
-the whole batch budget. With no bulk in flight, interactive batches also use the main engine's
+the whole batch budget. With no bulk in flight, interactive batches use only the main engine's
 slots, as without the lane (the concurrent online load keeps its pipelining).
 
 The one-stream lanes bound a query's wait by the bulk batches in flight ahead of it; this lane
@@ -35,12 +35,14 @@ def bulk_in_flight(service) -> bool:
 
 
 def next_batch(service):
-    """With the service's lock held: the next batch and the engine to run it, or (None, None)."""
+    """With the service's lock held: the next batch and the engine to run it, or (None, None).
+    Interactive batches go to the query engine only while bulk is in flight; otherwise they wait for
+    the main engine's slots, as without the lane."""
     sched, q = service.scheduler, service.query
     main_has_room = len(service.inflight) < service.max_inflight
     bulk_running = bulk_in_flight(service)
     if sched.has_work(INTERACTIVE):
-        if q.free() and (bulk_running or not main_has_room):
+        if bulk_running and q.free():
             return sched.next_batch(lane=INTERACTIVE), q.engine
         if main_has_room and not bulk_running:
             return sched.next_batch(lane=INTERACTIVE), service.engine

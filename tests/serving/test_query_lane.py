@@ -3,6 +3,8 @@ engine's weights takes the interactive batches while bulk batches are in flight,
 answered before the bulk batches ahead of it finish, and bulk batches fill the whole budget; with no
 bulk in flight, interactive batches run on the main engine as before. Real CPU engines, whose batches
 the test holds "in flight" (test_lanes.HeldEngine) as a GPU's stay while the device runs them."""
+import threading
+
 import numpy as np
 import pytest
 from test_lanes import HeldEngine, expected
@@ -74,6 +76,51 @@ def test_with_no_bulk_in_flight_queries_run_on_the_main_engine(engines):
             np.testing.assert_allclose(r.output, expected(main, r), atol=1e-5)
         assert held_main.batches and not held_query.batches
     finally:
+        svc.stop(10)
+
+
+class GatedFirstStep:
+    """A HeldEngine whose first step waits at a gate: requests submitted meanwhile are all queued
+    when the loop thread next forms batches."""
+
+    def __init__(self, held):
+        self.held, self.gate, self.entered, self._first = held, threading.Event(), threading.Event(), True
+
+    def __getattr__(self, name):
+        return getattr(self.held, name)
+
+    def step(self, batch):
+        if self._first:
+            self._first = False
+            self.entered.set()
+            assert self.gate.wait(30)
+        return self.held.step(batch)
+
+
+def test_with_the_main_engine_full_and_no_bulk_queries_wait_for_its_slots(engines):
+    """Concurrent queries and no bulk: with the main engine's two slots full, the next query waits
+    for one of them; the query engine takes nothing (it is for queries beside bulk work)."""
+    main, query = engines
+    held_main, held_query, done = HeldEngine(main), HeldEngine(query, hold=False), []
+    gated = GatedFirstStep(held_main)
+    svc = service(gated, held_query, done)
+    try:
+        reqs = [request(20 + i, 1, 200) for i in range(3)]       # one batch each (256-token budget)
+        svc.submit(reqs[0])
+        assert gated.entered.wait(10)                          # its step waits at the gate
+        for r in reqs[1:]:
+            svc.submit(r)
+        gated.gate.set()
+        assert wait_until(lambda: len(held_main.batches) == 2, 10)
+        assert not wait_until(lambda: bool(done or held_query.batches), 0.5)
+        held_main.release_all()
+        assert wait_until(lambda: len(done) == 3, 30)
+        assert not held_query.batches and len(held_main.batches) == 3
+        for r in reqs:
+            np.testing.assert_allclose(r.output, expected(main, r), atol=1e-5)
+    finally:
+        gated.gate.set()
+        held_main.release_all()
         svc.stop(10)
 
 
