@@ -13,7 +13,7 @@ shape (`SCALES`: the benchmark shapes' cells, or small ones for the tiny CPU sha
 - bulk-L: 4 clients of 100 x L token ids without pause (embeddings/s);
 - embed-W-cC: C clients of one W-word text each through `embed` (p50 ms; C > 1: requests/s too);
 - openai-W-cC: C clients of one W-word text each through the gateway's POST /v1/embeddings
-  (requests/s; C = 1: p50 ms too);
+  (requests/s; C = 1: p50 ms too); tei-W-cC: the same through TEI's POST /embed (requests/s);
 - beside-bulk: 1 x 128 queries at 50/s to `rose` while the bulk-512 load runs (query p99 ms, and the
   bulk rate beside the queries as a share of bulk-512's rate in the same pass).
 A warm-up pass runs every cell briefly first (captures, compiles, connections); then `--reps`
@@ -69,6 +69,8 @@ def _cells(online, scoring, bulk, bulk_batch, bulk_clients, embed_c1, embed_cc, 
                     seconds=s) for c in embed_cc[1]]
             + [Cell(f"openai-{openai_words}-c{c}", "openai", openai_words, clients=c,
                     metrics=("p50_ms", "req_per_s") if c == 1 else ("req_per_s",), seconds=s) for c in openai_clients]
+            + [Cell(f"tei-{openai_words}-c{openai_clients[1]}", "tei", openai_words, clients=openai_clients[1],
+                    metrics=("req_per_s",), seconds=s)]
             + [Cell("beside-bulk", "beside-bulk", query_len, batch=bulk_batch, clients=bulk_clients,
                     metrics=("p99_ms", "bulk_share"), seconds=2 * s)])
 
@@ -128,13 +130,18 @@ def measure(cell: Cell, dep: Deployment, pool, seconds: float, scale: str, bulk_
         t0, t1 = min(r["t0"] for r in rs), max(r["t1"] for r in rs)
         stats = workloads.latency_stats([x for r in rs for x in r["latencies_s"]])
         return stats | {"req_per_s": round(sum(len(r["latencies_s"]) for r in rs) / (t1 - t0), 2)}
-    if cell.kind == "openai":
+    if cell.kind in ("openai", "tei"):
         from rose_bench.http_load import http_load
         from rose_testing.folders import ids_to_text, random_ids
         rng = np.random.default_rng(cell.length)
-        bodies = [json.dumps({"model": dep.model_name, "input": [ids_to_text(random_ids(rng, dep.vocab, cell.length))],
-                              "encoding_format": "float"}).encode() for _ in range(16)]
-        r = http_load(dep.gateway, "/v1/embeddings", bodies, cell.clients, seconds, processes=min(8, cell.clients))
+        texts = [ids_to_text(random_ids(rng, dep.vocab, cell.length)) for _ in range(16)]
+        if cell.kind == "openai":
+            path, bodies = "/v1/embeddings", [{"model": dep.model_name, "input": [t], "encoding_format": "float"}
+                                              for t in texts]
+        else:
+            path, bodies = "/embed", [{"inputs": [t]} for t in texts]
+        r = http_load(dep.gateway, path, [json.dumps(b).encode() for b in bodies], cell.clients, seconds,
+                      processes=min(8, cell.clients))
         if r["errors"]:
             raise RuntimeError(f"{r['errors']} answers were not 200: {r.get('first_error')}")
         return {"req_per_s": r["req_per_s"], "p50_ms": r["latency"].get("p50_ms"), "p99_ms": r["latency"].get("p99_ms")}
@@ -196,7 +203,8 @@ def run(args, out: Path) -> dict:
     t_start = time.monotonic()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    with deployment(args, work) as dep, ClientPool(max(c.clients for c in cells if c.kind != "openai")) as pool:
+    grpc_clients = [c.clients for c in cells if c.kind not in ("openai", "tei")]
+    with deployment(args, work) as dep, ClientPool(max(grpc_clients, default=1)) as pool:
         result["server"] = {"grpc": dep.grpc, "gateway": dep.gateway}
         passes = [("warm-up", args.warmup_s)] + [(f"rep {i + 1}", None) for i in range(args.reps)]
         for label_pass, seconds in passes:

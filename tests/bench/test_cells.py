@@ -53,6 +53,7 @@ def test_cells_missing_on_either_side_are_named_not_failed():
 def test_the_scales_cells_fit_the_model_and_a_subset_is_chosen_by_prefix():
     gpu = [c.name for c in cells.cells_of("gpu", 8192)]
     assert gpu[:3] == ["online-128", "online-512", "online-4096"] and "openai-128-c64" in gpu and "beside-bulk" in gpu
+    assert "tei-128-c16" in gpu
     assert "online-4096" not in [c.name for c in cells.cells_of("gpu", 512)]
     assert [c.name for c in cells.cells_of("gpu", 8192, ["openai", "bulk-512"])] == [
         "bulk-512", "openai-128-c1", "openai-128-c16", "openai-128-c64"]
@@ -67,19 +68,19 @@ def run_cells(*args, timeout=600) -> subprocess.CompletedProcess:
 
 @pytest.mark.server
 def test_a_short_run_on_the_cpu_writes_its_json_and_compares_with_itself(tmp_path):
-    """Two cells (gRPC and the OpenAI door) of a tiny folder, one deployment: the JSON holds both
+    """Three cells (gRPC, the OpenAI door, TEI's /embed) of a tiny folder, one deployment: the JSON holds both
     reps of each metric, the command and the commit; compared with itself every cell is `same`
     (exit 0), and with a baseline twice as fast the guard fails (exit 1) naming the cells."""
-    r = run_cells("--model", "tiny-bert", "--cells", "online-16,openai-16-c1", "--out", str(tmp_path),
+    r = run_cells("--model", "tiny-bert", "--cells", "online-16,openai-16-c1,tei", "--out", str(tmp_path),
                   "--workdir", str(tmp_path / "work"), "--warmup-s", "0.3", "--time-scale", "0.5")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     path = tmp_path / "cells_tiny-bert.json"
     got = json.loads(path.read_text())
     assert got["command"].startswith("python -m rose_bench cells") and got["git"]["commit"] and got["scale"] == "cpu"
-    assert set(got["cells"]) == {"online-16", "openai-16-c1"}
+    assert set(got["cells"]) == {"online-16", "openai-16-c1", "tei-16-c4"}
     assert len(got["cells"]["openai-16-c1"]["metrics"]["req_per_s"]) == 2 and got["cells"]["online-16"]["value"]["p50_ms"] > 0
     same = run_cells("--compare", str(path), "--baseline", str(path))
-    assert same.returncode == 0 and same.stdout.count("| same |") == 3, same.stdout + same.stderr
+    assert same.returncode == 0 and same.stdout.count("| same |") == 4, same.stdout + same.stderr
     fast = json.loads(path.read_text())
     for entry in fast["cells"].values():
         entry["metrics"] = {m: [v / 2 if cells.BETTER[m] == "lower" else v * 2 for v in reps]
@@ -87,4 +88,4 @@ def test_a_short_run_on_the_cpu_writes_its_json_and_compares_with_itself(tmp_pat
     cells.summarize(fast)
     (tmp_path / "fast.json").write_text(json.dumps(fast))
     worse = run_cells("--compare", str(path), "--baseline", str(tmp_path / "fast.json"))
-    assert worse.returncode == 1 and "online-16, openai-16-c1" in worse.stderr, worse.stdout + worse.stderr
+    assert worse.returncode == 1 and "online-16, openai-16-c1, tei-16-c4" in worse.stderr, worse.stdout + worse.stderr
