@@ -58,10 +58,11 @@ from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.graph_cache import seq_buckets, token_buckets
 from rose_backend.engine.options import EngineOptions
 from rose_backend.engine.staging import Layout
-from rose_backend.layers.attention import AttentionShape, available_backends, backend_class
+from rose_backend.layers.attention import available_backends, backend_class
 from rose_backend.layers.fp8 import fp8_copy_bytes
 from rose_backend.loading import HEAD_FILES
 from rose_backend.models.m3_heads import head_files
+from rose_backend.models.registry import attention_shape
 
 MIB = 1 << 20
 GPU_MARGIN_BYTES = 1 << 30       # left free on a GPU: CUDA context growth, cuBLAS and kernel modules
@@ -167,7 +168,7 @@ def workspace_bytes(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, 
     device = torch.device(device)
     if device.type != "cuda":
         return 0
-    shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype, cfg.causal)
+    shape = attention_shape(cfg, dtype)
     if attention not in (None, "auto"):
         names = {attention}
     else:

@@ -99,9 +99,10 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
     from rose_backend.engine.backend_table import BackendTable
     from rose_backend.engine.graph_cache import seq_buckets, token_buckets
     from rose_backend.layers import switches
-    from rose_backend.layers.attention import BACKENDS, AttentionShape, backend_class
+    from rose_backend.layers.attention import BACKENDS, backend_class
     from rose_backend.layers.attention_gpu import installed
-    shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, getattr(torch, dtype), cfg.causal)
+    from rose_backend.models.registry import attention_shape
+    shape = attention_shape(cfg, getattr(torch, dtype))
     cuda = list(runnable)
     if cfg.head_dim % 8 == 0 and cfg.head_dim <= 256:          # TorchVarlenBackend.unavailable_reason
         cuda.append("torch_varlen")
