@@ -16,7 +16,8 @@ from rose_backend.model_kind import QWEN3_RERANKER_MAX_LENGTH, detect_kind, scor
 
 # The native model families (rose_backend/models/<family>.py, built through models/registry.py) and the
 # config.json model_type values each serves. Decoders are causal unless config.json says otherwise.
-ENCODER_FAMILIES = {"bert": ("bert", "roberta", "xlm-roberta")}
+ENCODER_FAMILIES = {"bert": ("bert", "roberta", "xlm-roberta", "camembert"), "distilbert": ("distilbert",),
+                    "mpnet": ("mpnet",)}
 DECODER_FAMILIES = {"qwen3": ("qwen3",)}
 ENCODER_TYPES = tuple(t for types in ENCODER_FAMILIES.values() for t in types)
 DECODER_TYPES = tuple(t for types in DECODER_FAMILIES.values() for t in types)

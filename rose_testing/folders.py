@@ -137,7 +137,10 @@ def _hf_model(config: dict, device: str):
             return Qwen3Model(hf_qwen3_config(config)).eval()
         kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
         hf_config = AutoConfig.for_model(config["model_type"], **kwargs)
-        return AutoModel.from_config(hf_config, add_pooling_layer=False).eval()
+        try:                                              # BERT-likes: no pooler (heads are not embedders')
+            return AutoModel.from_config(hf_config, add_pooling_layer=False).eval()
+        except TypeError:                                 # models without one (DistilBERT, ModernBERT, decoders)
+            return AutoModel.from_config(hf_config).eval()
 
 
 def hf_qwen3_config(config: dict):

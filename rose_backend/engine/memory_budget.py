@@ -178,8 +178,8 @@ def workspace_bytes(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, 
         cells = table.shapes.get(shape.key, []) or [{"seqs": 1, "tokens": 128}]
         names = {table.choose(shape.key, c["seqs"], c["tokens"], avail, cfg.num_layers,
                               {n: backend_class(n).host_plan_us for n in avail}) for c in cells} if avail else set()
-    return sum(getattr(backend_class(n), "float_workspace_bytes", 0)
-               + getattr(backend_class(n), "int_workspace_bytes", 0) for n in names)
+    return sum(getattr(backend_class(n), "float_workspace_bytes", 0)               # an int workspace per window
+               + getattr(backend_class(n), "int_workspace_bytes", 0) * len(shape.windows) for n in names)
 
 
 def device_limit(device: str | torch.device, limit_bytes: int | None = None) -> int | None:
