@@ -17,13 +17,15 @@ from rose_backend.model_kind import QWEN3_RERANKER_MAX_LENGTH, detect_kind, scor
 # The native model families (rose_backend/models/<family>.py, built through models/registry.py) and the
 # config.json model_type values each serves. Decoders are causal unless config.json says otherwise.
 ENCODER_FAMILIES = {"bert": ("bert", "roberta", "xlm-roberta", "camembert"), "distilbert": ("distilbert",),
-                    "mpnet": ("mpnet",)}
-DECODER_FAMILIES = {"qwen3": ("qwen3",)}
+                    "mpnet": ("mpnet",), "modernbert": ("modernbert",)}
+DECODER_FAMILIES = {"qwen3": ("qwen3",), "llama": ("llama", "mistral", "qwen2"), "gemma3": ("gemma3_text",)}
 ENCODER_TYPES = tuple(t for types in ENCODER_FAMILIES.values() for t in types)
 DECODER_TYPES = tuple(t for types in DECODER_FAMILIES.values() for t in types)
 # Where a config.json leaves a key out: transformers' config-class default, when it is not the generic
 # one (head_dim = hidden / heads; norm eps 1e-12 for encoders, 1e-6 for decoders).
-TYPE_DEFAULTS = {"qwen3": {"head_dim": 128}, "gemma3_text": {"head_dim": 256}, "modernbert": {"norm_eps": 1e-5}}
+TYPE_DEFAULTS = {"qwen3": {"head_dim": 128, "hidden_act": "silu"}, "llama": {"hidden_act": "silu"},
+                 "mistral": {"hidden_act": "silu"}, "qwen2": {"hidden_act": "silu"},
+                 "gemma3_text": {"head_dim": 256, "hidden_act": "gelu_pytorch_tanh"}, "modernbert": {"norm_eps": 1e-5}}
 # Positions numbered from an offset: RoBERTa's family from pad_token_id + 1, MPNet from 2 (its padding_idx 1).
 POSITION_OFFSETS = {"roberta": "pad", "xlm-roberta": "pad", "camembert": "pad", "mpnet": 2}
 # config.json key spellings of the generic fields, first found wins (transformers' attribute_map).

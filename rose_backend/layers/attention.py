@@ -12,9 +12,9 @@ sequence i owning rows cu_seqlens[i]:cu_seqlens[i+1]; no padding and no mask. Em
 
 What a model's layers ask beyond plain attention is in its AttentionShape: sliding windows per layer
 (query i of a sequence sees its keys i - left .. i + right; causal keeps j <= i too), a score scale other
-than head_dim ** -0.5, a soft cap on the scores (softcap * tanh(s / softcap), before any mask), and an
-additive per-head score bias by relative distance, the same for every sequence (`bias[h, P - 1 + j - i]`
-for P = (bias.shape[1] + 1) // 2). Each backend says in `unavailable_reason` which of these it cannot do.
+than head_dim ** -0.5, and an additive per-head score bias by relative distance, the same for every
+sequence (`bias[h, P - 1 + j - i]` for P = (bias.shape[1] + 1) // 2). Each backend says in
+`unavailable_reason` which of these it cannot do.
 
 Backends (the registry names; GPU ones are imported only when first made):
     sdpa_loop        any device, one SDPA call per sequence on the host; the CPU path and reference
@@ -72,15 +72,14 @@ class AttentionShape:
     causal: bool = False
     windows: tuple[Window | None, ...] = (None,)    # the layers' distinct windows; None: full attention
     scale: float | None = None                      # score scale; None: head_dim ** -0.5
-    softcap: float | None = None                    # scores -> softcap * tanh(scores / softcap)
     position_bias: bool = False                     # layers pass run(..., bias=) (relative distance)
 
     @property
     def key(self) -> str:
         """Short name of the shape for the backend table, e.g. 'h16kv16d64' (+ 'c' when causal, and
-        the windows, soft cap and position bias where a model has them)."""
+        the windows and position bias where a model has them)."""
         extra = "".join(f"-w{w[0]}_{w[1]}" for w in self.windows if w is not None)
-        extra += (f"-cap{self.softcap:g}" if self.softcap else "") + ("-bias" if self.position_bias else "")
+        extra += "-bias" if self.position_bias else ""
         return f"h{self.num_heads}kv{self.num_kv_heads}d{self.head_dim}" + ("c" if self.causal else "") + extra
 
     @property
@@ -128,12 +127,12 @@ class SdpaLoopBackend(AttentionBackend):
 
     The loop runs on the host over `meta.lens()`, so it cannot be captured in a CUDA graph;
     it is the CPU path and the numerical reference for the fused backends. Windows and the position
-    bias become a mask per sequence; a soft cap computes the scores explicitly (float32 softmax).
+    bias become a mask per sequence.
     """
     name = "sdpa_loop"
 
     def run(self, q, k, v, window=None, bias=None):
-        meta, softcap = self.meta, self.shape.softcap
+        meta = self.meta
         out = torch.empty_like(q)
         groups = self.shape.num_heads // self.shape.num_kv_heads
         start = 0
@@ -146,11 +145,12 @@ class SdpaLoopBackend(AttentionBackend):
             if groups > 1:
                 ks = ks.repeat_interleave(groups, dim=0)
                 vs = vs.repeat_interleave(groups, dim=0)
-            if window is None and bias is None and softcap is None:
+            if window is None and bias is None:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal, scale=self.scale)
             else:
-                o = _masked_attention(qs, ks, vs, self.scale, _score_mask(n, window, meta.causal, bias, q.device),
-                                      softcap)
+                mask = _score_mask(n, window, meta.causal, bias, q.device)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask.to(qs.dtype) if bias is not None
+                                                   else mask, scale=self.scale)
             out[start:end] = o.transpose(0, 1)
             start = end
         if start < q.shape[0]:              # rows no sequence owns: keep them finite
@@ -175,17 +175,6 @@ def _score_mask(n: int, window: Window | None, causal: bool, bias: torch.Tensor 
     if n > p:
         raise ValueError(f"a {n}-token sequence is longer than the position bias table ({p} positions)")
     return bias.float()[:, rel + (p - 1)].masked_fill(~visible, float("-inf"))
-
-
-def _masked_attention(q, k, v, scale: float, mask: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """Attention of one sequence, q/k/v [H, L, D], with a bool or additive float mask (_score_mask)."""
-    if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point()
-                                              else mask, scale=scale)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale               # [H, L, L]
-    scores = softcap * torch.tanh(scores / softcap)
-    scores = scores + mask if mask.is_floating_point() else scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
 
 
 # name -> class, or "module:Class" for backends whose module imports GPU packages (made lazily)

@@ -50,8 +50,8 @@ class TorchVarlenBackend(AttentionBackend):
             return why
         if shape.head_dim % 8 or shape.head_dim > 256:
             return f"FlashAttention-2 needs head_dim a multiple of 8 up to 256, got {shape.head_dim}"
-        if shape.softcap or shape.position_bias:
-            return "torch's varlen_attn takes no soft cap and no score bias"
+        if shape.position_bias:
+            return "torch's varlen_attn takes no score bias"
         params = inspect.signature(_varlen_attn()).parameters
         if (shape.sliding or shape.scale is not None) and not {"window_size", "scale"} <= set(params):
             return f"torch {torch.__version__}'s varlen_attn takes no window_size / scale"
@@ -121,13 +121,12 @@ class FlashAttn4Backend(AttentionBackend):
         super().__init__(shape, device)
         from flash_attn.cute import flash_attn_varlen_func
         self._fn = flash_attn_varlen_func
-        self._kw = {"softcap": shape.softcap} if shape.softcap else {}
 
     def run(self, q, k, v, window=None, bias=None):
         m = self.meta
-        kw = self._kw
+        kw = {}
         if window is not None:        # (left, right); the kernel keeps right at 0 when causal
-            kw = {**kw, "window_size": (window[0], 0 if self.shape.causal else window[1])}
+            kw["window_size"] = (window[0], 0 if self.shape.causal else window[1])
         out, _ = self._fn(q, k, v, cu_seqlens_q=m.cu_seqlens, cu_seqlens_k=m.cu_seqlens, max_seqlen_q=m.max_seqlen,
                           max_seqlen_k=m.max_seqlen, softmax_scale=self.scale, causal=self.shape.causal, **kw)
         return out
@@ -212,12 +211,7 @@ class _Schedule:
         self.eager = self._wrapper(graph=False)
         self.graphs: dict = {}
         self.last_plan: tuple | None = None    # (graph key, cu_seqlens bytes) of the last graph plan
-        s = backend.shape
-        self.extra = {}                        # plan() keywords beyond plain attention
-        if window is not None:
-            self.extra["window_left"] = window[0]
-        if s.softcap:
-            self.extra["logits_soft_cap"] = s.softcap
+        self.extra = {} if window is None else {"window_left": window[0]}    # plan() keywords
 
     def _wrapper(self, graph: bool, cu: torch.Tensor | None = None):
         b = self.backend

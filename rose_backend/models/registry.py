@@ -28,8 +28,8 @@ CLASS_PREFIXES = {"bert": ("Bert",), "roberta": ("Roberta",), "xlm-roberta": ("X
                   "camembert": ("Camembert",), "distilbert": ("DistilBert",), "mpnet": ("MPNet",),
                   "modernbert": ("ModernBert",), "qwen3": ("Qwen3",), "qwen2": ("Qwen2",),
                   "llama": ("Llama",), "mistral": ("Mistral",), "gemma3_text": ("Gemma3",)}
-assert set(MODEL_CLASSES) >= set(ENCODER_FAMILIES) | set(DECODER_FAMILIES)
-assert set(CLASS_PREFIXES) >= set(ENCODER_TYPES) | set(DECODER_TYPES)
+assert set(MODEL_CLASSES) == set(ENCODER_FAMILIES) | set(DECODER_FAMILIES)
+assert set(CLASS_PREFIXES) == set(ENCODER_TYPES) | set(DECODER_TYPES)
 
 
 def native_family(model_type: str, architectures: list[str] | tuple[str, ...] | None = None) -> str | None:
@@ -46,7 +46,7 @@ def supported_types() -> tuple[str, ...]:
 def _why_not_native(model_type: str, architectures) -> str | None:
     if model_type in QWEN3_ALIASES:             # a known folder whose own class names vary
         model_type, architectures = QWEN3_ALIASES[model_type], ()
-    if family_of(model_type) is None or model_type not in CLASS_PREFIXES:
+    if family_of(model_type) is None:
         return f"model_type {model_type!r} has no native model file (native: {', '.join(supported_types())})"
     for arch in architectures or ():
         if not arch.startswith(CLASS_PREFIXES[model_type]):
