@@ -15,6 +15,7 @@ file has), less the heads the native files do not run (a decoder's sequence-clas
 from __future__ import annotations
 
 import importlib
+import re
 
 from rose_backend.config import (DECODER_FAMILIES, DECODER_TYPES, ENCODER_FAMILIES, ENCODER_TYPES, QWEN3_ALIASES,
                                  ModelConfig, ModelFolderError, family_of)
@@ -28,6 +29,8 @@ CLASS_PREFIXES = {"bert": ("Bert",), "roberta": ("Roberta",), "xlm-roberta": ("X
                   "camembert": ("Camembert",), "distilbert": ("DistilBert",), "mpnet": ("MPNet",),
                   "modernbert": ("ModernBert",), "qwen3": ("Qwen3",), "qwen2": ("Qwen2",),
                   "llama": ("Llama",), "mistral": ("Mistral",), "gemma3_text": ("Gemma3",)}
+# what follows the prefix in transformers' class names: the base model or a head (BertForMaskedLM, Gemma3TextModel)
+CLASS_SUFFIX = re.compile(r"(Text)?(Model|For[A-Z][A-Za-z]*)")
 assert set(MODEL_CLASSES) == set(ENCODER_FAMILIES) | set(DECODER_FAMILIES)
 assert set(CLASS_PREFIXES) == set(ENCODER_TYPES) | set(DECODER_TYPES)
 
@@ -49,7 +52,7 @@ def _why_not_native(model_type: str, architectures) -> str | None:
     if family_of(model_type) is None:
         return f"model_type {model_type!r} has no native model file (native: {', '.join(supported_types())})"
     for arch in architectures or ():
-        if not arch.startswith(CLASS_PREFIXES[model_type]):
+        if not any(arch.startswith(p) and CLASS_SUFFIX.fullmatch(arch[len(p):]) for p in CLASS_PREFIXES[model_type]):
             return (f"architecture {arch!r} is not one of transformers' {model_type} classes "
                     f"({' / '.join(p + '*' for p in CLASS_PREFIXES[model_type])}): the folder brings its own "
                     "modeling code, which the native file does not implement")
