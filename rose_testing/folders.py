@@ -112,6 +112,12 @@ SHAPES.update({
                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
                            max_position_embeddings=32768, sliding_window=4096, rope_theta=1e4, pad_token_id=2,
                            bos_token_id=1, eos_token_id=2), "lasttoken", True, 4096),
+    "llama-3.2-1b": (dict(model_type="llama", architectures=["LlamaModel"], vocab_size=128256, hidden_size=2048,
+                          num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                          intermediate_size=8192, max_position_embeddings=131072, rope_theta=5e5, rope_scaling=dict(
+                              rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=8192), pad_token_id=2, bos_token_id=0, eos_token_id=1),
+                     "lasttoken", True, 8192),
 })
 ALIASES = {"bge": "bge-m3", "pplx": "pplx-embed", "pplx-embed-1-0.6b": "pplx-embed", "qwen3": "pplx-embed"}
 
