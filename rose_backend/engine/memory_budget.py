@@ -136,8 +136,9 @@ def activation_bytes(cfg: ModelConfig, elt: int, tokens: int, longest: int, cpu_
 def weight_bytes(cfg: ModelConfig, elt: int) -> int:
     """Bytes of the weights the engine will hold (module docstring), from the files' headers."""
     decoder = cfg.is_decoder
-    prefixes = ("model.",) if decoder else ("bert.", "roberta.", "model.", "0.auto_model.")
-    skipped = ("lm_head.",) if decoder else ("pooler.", "lm_head", "cls.", "classifier.")
+    prefixes = ("model.",) if decoder else ("bert.", "roberta.", "distilbert.", "mpnet.", "model.", "0.auto_model.")
+    skipped = ("lm_head.",) if decoder else ("pooler.", "lm_head", "cls.", "classifier.", "pre_classifier.", "head.",
+                                             "decoder.", "vocab_")
     total = 0
     for path in sorted(Path(cfg.model_dir).glob("*.safetensors")):
         if path.stem in HEAD_FILES:

@@ -14,8 +14,6 @@ from rose_backend.models.bert import BertEncoder
 class DistilBertEncoder(BertEncoder):
     PREFIXES = ("distilbert.", "0.auto_model.")
     SKIPPED = ("pre_classifier.", "classifier.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.")
-    EMBEDDINGS = ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
-                  "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.")
     LAYER_PREFIX = "transformer.layer."
     PER_LAYER = {"attention.out_lin": "o_proj", "sa_layer_norm": "attn_norm", "ffn.lin1": "ffn_up",
                  "ffn.lin2": "ffn_down", "output_layer_norm": "ffn_norm"}
