@@ -171,10 +171,8 @@ def _score_mask(n: int, window: Window | None, causal: bool, bias: torch.Tensor 
         visible &= rel <= 0
     if bias is None:
         return visible
-    p = (bias.shape[1] + 1) // 2
-    if n > p:
-        raise ValueError(f"a {n}-token sequence is longer than the position bias table ({p} positions)")
-    return bias.float()[:, rel + (p - 1)].masked_fill(~visible, float("-inf"))
+    p = (bias.shape[1] + 1) // 2          # distances past the table take its end rows (a graph's padding)
+    return bias.float()[:, (rel + (p - 1)).clamp(0, 2 * p - 2)].masked_fill(~visible, float("-inf"))
 
 
 # name -> class, or "module:Class" for backends whose module imports GPU packages (made lazily)
