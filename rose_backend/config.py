@@ -14,8 +14,26 @@ from pathlib import Path
 
 from rose_backend.model_kind import QWEN3_RERANKER_MAX_LENGTH, detect_kind, score_activation
 
-ENCODER_TYPES = ("bert", "xlm-roberta", "roberta")
-DECODER_TYPES = ("qwen3",)
+# The native model families (rose_backend/models/<family>.py, built through models/registry.py) and the
+# config.json model_type values each serves. Decoders are causal unless config.json says otherwise.
+ENCODER_FAMILIES = {"bert": ("bert", "roberta", "xlm-roberta", "camembert"), "distilbert": ("distilbert",),
+                    "mpnet": ("mpnet",), "modernbert": ("modernbert",)}
+DECODER_FAMILIES = {"qwen3": ("qwen3",), "llama": ("llama", "mistral", "qwen2"), "gemma3": ("gemma3_text",)}
+ENCODER_TYPES = tuple(t for types in ENCODER_FAMILIES.values() for t in types)
+DECODER_TYPES = tuple(t for types in DECODER_FAMILIES.values() for t in types)
+# Where a config.json leaves a key out: transformers' config-class default, when it is not the generic
+# one (head_dim = hidden / heads; norm eps 1e-12 for encoders, 1e-6 for decoders).
+TYPE_DEFAULTS = {"qwen3": {"head_dim": 128, "hidden_act": "silu"}, "llama": {"hidden_act": "silu"},
+                 "mistral": {"hidden_act": "silu"}, "qwen2": {"hidden_act": "silu"},
+                 "gemma3_text": {"head_dim": 256, "hidden_act": "gelu_pytorch_tanh"}, "modernbert": {"norm_eps": 1e-5}}
+# Positions numbered from an offset: RoBERTa's family from pad_token_id + 1, MPNet from 2 (its padding_idx 1).
+POSITION_OFFSETS = {"roberta": "pad", "xlm-roberta": "pad", "camembert": "pad", "mpnet": 2}
+# config.json key spellings of the generic fields, first found wins (transformers' attribute_map).
+KEY_SPELLINGS = {"hidden_size": ("hidden_size", "dim"), "num_hidden_layers": ("num_hidden_layers", "n_layers"),
+                 "num_attention_heads": ("num_attention_heads", "n_heads"),
+                 "intermediate_size": ("intermediate_size", "hidden_dim"),
+                 "hidden_act": ("hidden_activation", "hidden_act", "activation"),
+                 "norm_eps": ("layer_norm_eps", "rms_norm_eps", "norm_eps", "layer_norm_epsilon")}
 # Folders whose config.json names another model_type but whose weights are Qwen3's, read as "qwen3".
 # pplx-embed ships as `bidirectional_pplx_qwen3` (Qwen3Model with use_bidirectional_attention).
 QWEN3_ALIASES = {"bidirectional_pplx_qwen3": "qwen3"}
@@ -102,6 +120,11 @@ class ModelConfig:
         return self.model_type in DECODER_TYPES
 
     @property
+    def family(self) -> str | None:
+        """The native model file that serves this folder (models/<family>.py), or None."""
+        return family_of(self.model_type)
+
+    @property
     def is_reranker(self) -> bool:
         return self.kind != "embedding"
 
@@ -117,7 +140,7 @@ class ModelConfig:
 
     @property
     def max_positions(self) -> int:
-        """The longest sequence the position table can embed (XLM-R's pad offset taken off)."""
+        """The longest sequence the position table can embed (RoBERTa's / MPNet's offset taken off)."""
         return self.max_position_embeddings - self.position_offset
 
     @classmethod
@@ -139,7 +162,9 @@ class ModelConfig:
         except ValueError as e:
             raise ModelFolderError(str(e)) from None
         if kind == "cross-encoder" and model_type not in ENCODER_TYPES:
-            raise ModelFolderError(f"{d}: a cross-encoder must be a BERT / XLM-R encoder, got {model_type!r}")
+            raise ModelFolderError(
+                f"{d}: a cross-encoder (sequence-classification head) is served for the encoder types "
+                f"{', '.join(ENCODER_TYPES)}; a {model_type!r} classification head is not")
         if kind == "qwen3-reranker" and (model_type != "qwen3" or not causal):
             raise ModelFolderError(f"{d}: a Qwen3-Reranker must be a causal qwen3 model, got {model_type!r}")
         # Without a pooling config: CLS for encoders, last token for causal decoders (Qwen3-Embedding),
@@ -147,24 +172,25 @@ class ModelConfig:
         pooling, normalize = _read_pooling(
             d, default="cls" if model_type not in DECODER_TYPES else "lasttoken" if causal else "mean")
         st = _read_json(d / "config_sentence_transformers.json") if (d / "config_sentence_transformers.json").exists() else {}
-        num_heads = raw["num_attention_heads"]
-        hidden = raw["hidden_size"]
-        head_dim = raw.get("head_dim") or (128 if model_type == "qwen3" else hidden // num_heads)
-        max_pos = raw.get("max_position_embeddings", 512)
-        position_offset = raw.get("pad_token_id", 1) + 1 if model_type in ("xlm-roberta", "roberta") else 0
+        field_of = _generic_fields(raw, model_type, d)
+        num_heads, hidden = field_of("num_attention_heads"), field_of("hidden_size")
+        head_dim = field_of("head_dim", hidden // num_heads)
+        max_pos = raw.get("max_position_embeddings") or 512
+        offset = POSITION_OFFSETS.get(model_type, 0)
+        position_offset = (raw.get("pad_token_id", 1) + 1) if offset == "pad" else offset
         max_len = _read_max_seq_length(d, max_pos - position_offset)
-        if kind == "cross-encoder":                   # the CLS token through the classifier head
-            pooling, normalize = "cls", False
+        if kind == "cross-encoder":          # the first token (ModernBERT: its classifier_pooling) through the head
+            pooling, normalize = ("mean" if raw.get("classifier_pooling") == "mean" else "cls"), False
         elif kind == "qwen3-reranker":                # p(yes) at the last token; the card's max_length
             pooling, normalize, max_len = "lasttoken", False, min(max_len, QWEN3_RERANKER_MAX_LENGTH)
         return cls(
-            model_dir=d, model_type=model_type, vocab_size=raw["vocab_size"], hidden_size=hidden,
-            num_layers=raw["num_hidden_layers"], num_heads=num_heads,
-            num_kv_heads=raw.get("num_key_value_heads", num_heads), head_dim=head_dim,
-            intermediate_size=raw["intermediate_size"], max_position_embeddings=max_pos,
+            model_dir=d, model_type=model_type, vocab_size=field_of("vocab_size"), hidden_size=hidden,
+            num_layers=field_of("num_hidden_layers"), num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads, head_dim=head_dim,
+            intermediate_size=field_of("intermediate_size"), max_position_embeddings=max_pos,
             max_seq_length=max_len,
-            norm_eps=raw.get("layer_norm_eps", raw.get("rms_norm_eps", 1e-6 if model_type == "qwen3" else 1e-12)),
-            hidden_act=raw.get("hidden_act", "gelu"), pad_token_id=raw.get("pad_token_id") or 0,
+            norm_eps=field_of("norm_eps", 1e-6 if model_type in DECODER_TYPES else 1e-12),
+            hidden_act=field_of("hidden_act", "gelu"), pad_token_id=raw.get("pad_token_id") or 0,
             type_vocab_size=raw.get("type_vocab_size", 0), position_offset=position_offset,
             rope_theta=_read_qwen3_rope_theta(raw, d) if model_type == "qwen3" else raw.get("rope_theta", 1_000_000.0),
             causal=causal,
@@ -172,6 +198,31 @@ class ModelConfig:
             prompts=dict(st.get("prompts") or {}), default_prompt_name=st.get("default_prompt_name"),
             kind=kind, score_activation=activation, raw=raw,
         )
+
+
+def family_of(model_type: str) -> str | None:
+    """The native family (models/<family>.py) that serves config.json's model_type, or None."""
+    model_type = QWEN3_ALIASES.get(model_type, model_type)
+    return next((f for families in (ENCODER_FAMILIES, DECODER_FAMILIES) for f, types in families.items()
+                 if model_type in types), None)
+
+
+def _generic_fields(raw: dict, model_type: str, d: Path):
+    """field_of(name, default=required): config.json's value under any of its KEY_SPELLINGS, else the
+    type's TYPE_DEFAULTS, else `default`; a required field that is missing is a ModelFolderError."""
+    defaults = TYPE_DEFAULTS.get(model_type, {})
+
+    def field_of(name: str, default=ModelFolderError):
+        for key in KEY_SPELLINGS.get(name, (name,)):
+            if raw.get(key) is not None:
+                return raw[key]
+        if name in defaults:
+            return defaults[name]
+        if default is ModelFolderError:
+            raise ModelFolderError(f"{d / 'config.json'}: no {' / '.join(KEY_SPELLINGS.get(name, (name,)))} "
+                                   f"(a {model_type} config.json names it)")
+        return default
+    return field_of
 
 
 def _is_bidirectional(raw: dict) -> bool:

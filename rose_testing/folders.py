@@ -52,6 +52,73 @@ SHAPES: dict[str, tuple[dict, str, bool, int]] = {
                         use_sliding_window=False, use_bidirectional_attention=True, pad_token_id=1,
                         bos_token_id=0, eos_token_id=2, use_cache=False), "mean", False, 512),
 }
+# initializer_range 0.2: attention scores far from uniform, so that windows and position biases show
+_ENC = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            initializer_range=0.2)
+_DEC = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=48, max_position_embeddings=512, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+            initializer_range=0.2)
+# The native families (rose_backend/models): a tiny shape each for the CPU tests (tests/models/test_families.py;
+# windows of 16 tokens or less so that short sequences cross them) and a real one for the GPU suite.
+SHAPES.update({
+    "tiny-camembert": (dict(_ENC, model_type="camembert", architectures=["CamembertModel"], max_position_embeddings=130,
+                            type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1), "mean", False, 128),
+    "tiny-distilbert": (dict(model_type="distilbert", architectures=["DistilBertModel"], vocab_size=1000, dim=32,
+                             n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128,
+                             sinusoidal_pos_embds=True, pad_token_id=0, initializer_range=0.2), "cls", True, 128),
+    "tiny-mpnet": (dict(_ENC, model_type="mpnet", architectures=["MPNetForMaskedLM"], max_position_embeddings=202,
+                        layer_norm_eps=1e-5, pad_token_id=1), "mean", True, 200),
+    "tiny-modernbert": (dict(_ENC, model_type="modernbert", architectures=["ModernBertModel"], num_hidden_layers=3,
+                             max_position_embeddings=512, global_attn_every_n_layers=2, local_attention=16,
+                             pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2),
+                        "cls", True, 256),
+    "tiny-gemma3": (dict(_DEC, model_type="gemma3_text", architectures=["Gemma3TextModel"], num_hidden_layers=3,
+                         head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention",
+                                                                      "sliding_attention"],
+                         query_pre_attn_scalar=24, use_bidirectional_attention=True, rope_theta=1e6,
+                         rope_local_base_freq=1e4, hidden_activation="gelu_pytorch_tanh"), "mean", True, 256),
+    "tiny-qwen2": (dict(_DEC, model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6,
+                        use_sliding_window=True, sliding_window=12, max_window_layers=1), "lasttoken", True, 256),
+    "tiny-mistral": (dict(_DEC, model_type="mistral", architectures=["MistralModel"], sliding_window=16,
+                          rope_theta=1e4), "lasttoken", True, 256),
+    "tiny-llama": (dict(_DEC, model_type="llama", architectures=["LlamaModel"], num_key_value_heads=1, is_causal=False,
+                        attention_bias=True, rope_theta=5e5, rope_scaling=dict(
+                            rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=64)), "mean", False, 256),
+    # GPU shapes: the published models' widths (layers trimmed by the GPU suite)
+    "all-mpnet-base-v2": (dict(model_type="mpnet", architectures=["MPNetForMaskedLM"], vocab_size=30527, hidden_size=768,
+                               num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                               max_position_embeddings=514, layer_norm_eps=1e-5, pad_token_id=1), "mean", True, 384),
+    "distilbert-base": (dict(model_type="distilbert", architectures=["DistilBertModel"], vocab_size=30522, dim=768,
+                             n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512, pad_token_id=0),
+                        "mean", True, 512),
+    "gte-modernbert-base": (dict(model_type="modernbert", architectures=["ModernBertModel"], vocab_size=50368,
+                                 hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152,
+                                 max_position_embeddings=8192, global_attn_every_n_layers=3, local_attention=128,
+                                 global_rope_theta=160000.0, local_rope_theta=10000.0, pad_token_id=50283,
+                                 bos_token_id=50281, eos_token_id=50282, cls_token_id=50281, sep_token_id=50282),
+                            "cls", True, 8192),
+    "embeddinggemma-300m": (dict(model_type="gemma3_text", architectures=["Gemma3TextModel"], vocab_size=262144,
+                                 hidden_size=768, num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1,
+                                 head_dim=256, intermediate_size=1152, max_position_embeddings=2048, sliding_window=512,
+                                 query_pre_attn_scalar=256, use_bidirectional_attention=True, rope_theta=1e6,
+                                 rope_local_base_freq=1e4, hidden_activation="gelu_pytorch_tanh", pad_token_id=0,
+                                 bos_token_id=2, eos_token_id=1), "mean", True, 2048),
+    "gte-qwen2-1.5b": (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=151646, hidden_size=1536,
+                            num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
+                            max_position_embeddings=131072, rope_theta=1e6, pad_token_id=1, bos_token_id=0,
+                            eos_token_id=2), "lasttoken", True, 8192),
+    "e5-mistral-7b": (dict(model_type="mistral", architectures=["MistralModel"], vocab_size=32000, hidden_size=4096,
+                           num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                           max_position_embeddings=32768, sliding_window=4096, rope_theta=1e4, pad_token_id=2,
+                           bos_token_id=1, eos_token_id=2), "lasttoken", True, 4096),
+    "llama-3.2-1b": (dict(model_type="llama", architectures=["LlamaModel"], vocab_size=128256, hidden_size=2048,
+                          num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                          intermediate_size=8192, max_position_embeddings=131072, rope_theta=5e5, rope_scaling=dict(
+                              rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=8192), pad_token_id=2, bos_token_id=0, eos_token_id=1),
+                     "lasttoken", True, 8192),
+})
 ALIASES = {"bge": "bge-m3", "pplx": "pplx-embed", "pplx-embed-1-0.6b": "pplx-embed", "qwen3": "pplx-embed"}
 
 
@@ -63,8 +130,10 @@ def shape_name(name: str) -> str:
 
 
 def max_seq_len(config: dict) -> int:
-    """Longest sequence the folder accepts (XLM-R numbers positions from pad_token_id + 1)."""
-    offset = config.get("pad_token_id", 1) + 1 if config["model_type"] in ("xlm-roberta", "roberta") else 0
+    """Longest sequence the folder accepts (RoBERTa's family and MPNet number positions from an offset)."""
+    from rose_backend.config import POSITION_OFFSETS
+    offset = POSITION_OFFSETS.get(config["model_type"], 0)
+    offset = config.get("pad_token_id", 1) + 1 if offset == "pad" else offset
     return config["max_position_embeddings"] - offset
 
 
@@ -80,14 +149,14 @@ def make_folder(name: str, path: str | Path, device: str = "cpu", seed: int = 0,
         return path
     write_weights(path, config, device, seed)
     write_tokenizer(path, config["vocab_size"], min(max_len, max_seq_len(config)))
-    write_st_files(path, config["hidden_size"], base_pooling if pooling is None else pooling,
+    write_st_files(path, config.get("hidden_size") or config["dim"], base_pooling if pooling is None else pooling,
                    base_normalize if normalize is None else normalize, min(max_len, max_seq_len(config)))
     return path
 
 
 def write_weights(path: Path, config: dict, device: str = "cpu", seed: int = 0) -> None:
-    """config.json and model.safetensors: transformers' random init (seed), norm weights ~ N(1, 0.1)
-    and biases ~ N(0, 0.1), every tensor rounded to bf16."""
+    """config.json and model.safetensors: transformers' random init (seed), norm weights ~ N(1, 0.1),
+    biases ~ N(0, 0.1) and relative position biases ~ N(0, 2), every tensor rounded to bf16."""
     import torch
     from safetensors.torch import save_file
 
@@ -101,6 +170,8 @@ def write_weights(path: Path, config: dict, device: str = "cpu", seed: int = 0) 
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=device))
             elif pname.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen, device=device))
+            elif pname.endswith("relative_attention_bias.weight"):      # MPNet: score biases of a few units
+                p.copy_(2.0 * torch.randn(p.shape, generator=gen, device=device))
     state = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in model.state_dict().items()
              if not k.endswith(("position_ids", "token_type_ids"))}
     del model
@@ -137,7 +208,10 @@ def _hf_model(config: dict, device: str):
             return Qwen3Model(hf_qwen3_config(config)).eval()
         kwargs = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
         hf_config = AutoConfig.for_model(config["model_type"], **kwargs)
-        return AutoModel.from_config(hf_config, add_pooling_layer=False).eval()
+        try:                                              # BERT-likes: no pooler (heads are not embedders')
+            return AutoModel.from_config(hf_config, add_pooling_layer=False).eval()
+        except TypeError:                                 # models without one (DistilBERT, ModernBERT, decoders)
+            return AutoModel.from_config(hf_config).eval()
 
 
 def hf_qwen3_config(config: dict):

@@ -8,7 +8,8 @@ transformers in float32 with eager attention, one sequence at a time and unpadde
 normalization and the attention mode (causal or bidirectional decoder) come from
 rose_backend.config.ModelConfig, the server's own reading of the folder. Qwen3-family folders
 (qwen3, pplx-embed's bidirectional_pplx_qwen3, Qwen3ForCausalLM weights) are built as
-transformers' Qwen3Model; bidirectional ones run without a mask.
+transformers' Qwen3Model; bidirectional ones run without a mask. Every other folder is AutoModel's,
+which reads its attention (causal, bidirectional, sliding windows) from config.json itself.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Reference:
 
         with torch.inference_mode():
             x = torch.as_tensor(np.asarray(token_lists, dtype=np.int64), device=self.device)
-            if self.cfg.is_decoder:
+            if self.cfg.model_type == "qwen3":
                 # Qwen3Model builds a causal mask; a precomputed mapping of None gives no mask at all
                 mask = None if self.cfg.causal else {"full_attention": None}
                 h = self.model(input_ids=x, attention_mask=mask).last_hidden_state
@@ -67,9 +68,12 @@ def _load(folder: Path, cfg):
     import torch
     from transformers import AutoModel
 
-    if not cfg.is_decoder:
-        return AutoModel.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager",
-                                         add_pooling_layer=False)
+    if cfg.model_type != "qwen3":
+        kwargs = dict(dtype=torch.float32, attn_implementation="eager")
+        try:                                              # BERT-likes: no pooler
+            return AutoModel.from_pretrained(str(folder), add_pooling_layer=False, **kwargs)
+        except TypeError:                                 # models without one (DistilBERT, ModernBERT, decoders)
+            return AutoModel.from_pretrained(str(folder), **kwargs)
     from safetensors.torch import load_file
     from transformers import Qwen3Model
 

@@ -7,9 +7,10 @@ Folders are written with transformers' save_pretrained (safetensors), so they ar
 download of the same architecture holds. Tokenizers:
 - BERT cross-encoders reuse the default model's (all-MiniLM-L6-v2) BERT tokenizer files, which are
   real: WordPiece, lower-casing, `[CLS] q [SEP] d [SEP]` with segment ids 0 / 1.
-- XLM-R cross-encoders and Qwen3-Rerankers get a WordLevel tokenizer over words "w{i}" (word i is
-  token i), so any length is easy to make; the XLM-R one has RoBERTa's pair template
-  `<s> q </s></s> d </s>`, the Qwen3 one the chat tokens of the Qwen3-Reranker prompt and "yes"/"no".
+- The other cross-encoders (XLM-R, MPNet, DistilBERT, ModernBERT) and Qwen3-Rerankers get a WordLevel
+  tokenizer over words "w{i}" (word i is token i), so any length is easy to make; the encoders' has
+  RoBERTa's pair template `<s> q </s></s> d </s>`, the Qwen3 one the chat tokens of the Qwen3-Reranker
+  prompt and "yes"/"no".
 References: sentence-transformers' CrossEncoder.predict (its default activation) for
 cross-encoders, the Qwen3-Reranker model card's code on transformers' Qwen3ForCausalLM otherwise.
 torch / transformers are imported inside the functions.
@@ -33,6 +34,9 @@ _QWEN3 = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], rms_norm_e
               rope_theta=1_000_000.0, attention_bias=False, tie_word_embeddings=True, use_sliding_window=False,
               pad_token_id=1, bos_token_id=1, eos_token_id=1)
 
+_ENC_CE = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+               initializer_range=0.2, num_labels=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+
 # name -> (config.json, max_seq_length written to the tokenizer config)
 SHAPES: dict[str, tuple[dict, int]] = {
     "tiny-xlmr-ce": (dict(_XLMR, vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -42,6 +46,15 @@ SHAPES: dict[str, tuple[dict, int]] = {
     "tiny-qwen3-reranker": (dict(_QWEN3, vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=2, head_dim=16, intermediate_size=96,
                                  max_position_embeddings=512, initializer_range=0.2), 256),
+    # The native encoder families' classification heads (tests/models/test_families_rerank.py).
+    "tiny-mpnet-ce": (dict(_ENC_CE, model_type="mpnet", architectures=["MPNetForSequenceClassification"],
+                           max_position_embeddings=130, layer_norm_eps=1e-5), 128),
+    "tiny-distilbert-ce": (dict(model_type="distilbert", architectures=["DistilBertForSequenceClassification"],
+                                vocab_size=1000, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128,
+                                pad_token_id=1, initializer_range=0.2, num_labels=1), 128),
+    "tiny-modernbert-ce": (dict(_ENC_CE, model_type="modernbert", architectures=["ModernBertForSequenceClassification"],
+                                num_hidden_layers=3, max_position_embeddings=512, global_attn_every_n_layers=2,
+                                local_attention=16, cls_token_id=0, sep_token_id=2), 256),
     # The GPU suite's and the benchmark's shapes (random weights, rounded to bf16).
     "bge-reranker-v2-m3": (dict(_XLMR, vocab_size=250002, hidden_size=1024, num_hidden_layers=24,
                                 num_attention_heads=16, intermediate_size=4096, max_position_embeddings=8194), 8192),

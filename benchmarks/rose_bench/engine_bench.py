@@ -94,7 +94,8 @@ def count_kernels(eng, s, n):
         eng._forward(v)
         torch.cuda.synchronize()
         layer = None
-        if not eng.cfg.is_decoder:        # a Qwen3 layer takes positions and the residual too: per forward only
+        if eng.cfg.family in ("bert", "distilbert", "mpnet"):   # a BertLayer takes x alone; the other
+                                                                 # families' layers positions and the residual too
             x = torch.randn(key[1], eng.cfg.hidden_size, device="cuda", dtype=eng.dtype)
             eng.model.layers[0](x)
             torch.cuda.synchronize()

@@ -30,13 +30,14 @@ from rose_backend.engine.options import EngineOptions
 from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
 from rose_backend.engine.stats import EngineStats
 from rose_backend.engine.streams import EngineStream
-from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, AttentionShape,
-                                           available_backends, backend_class, make_backend)
+from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, available_backends, backend_class,
+                                           make_backend)
 from rose_backend.layers.fp8 import quantize_for_fp8
 from rose_backend.models import build_model
 from rose_backend.models.heads import build_head
 from rose_backend.models.m3_heads import HeadsMissing, M3Heads
 from rose_backend.models.pooling import maybe_normalize, pool
+from rose_backend.models.registry import attention_shape
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class Engine:
         self.bind_thread()
         self.dtype = o.torch_dtype(self.device)
         self.attention = o.attention
-        self.shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.causal)
+        self.shape = attention_shape(cfg, self.dtype)
         self.graphs_on = o.graphs_on(self.device)
         self.budget = engine_budget(cfg, self.device, o, shared_weights=weights_from is not None)
         check_fits(self.budget, device_limit(self.device, o.memory_limit_bytes), f"on {self.device}")

@@ -58,10 +58,11 @@ from rose_backend.engine.backend_table import BackendTable
 from rose_backend.engine.graph_cache import seq_buckets, token_buckets
 from rose_backend.engine.options import EngineOptions
 from rose_backend.engine.staging import Layout
-from rose_backend.layers.attention import AttentionShape, available_backends, backend_class
+from rose_backend.layers.attention import available_backends, backend_class
 from rose_backend.layers.fp8 import fp8_copy_bytes
 from rose_backend.loading import HEAD_FILES
 from rose_backend.models.m3_heads import head_files
+from rose_backend.models.registry import attention_shape
 
 MIB = 1 << 20
 GPU_MARGIN_BYTES = 1 << 30       # left free on a GPU: CUDA context growth, cuBLAS and kernel modules
@@ -135,8 +136,9 @@ def activation_bytes(cfg: ModelConfig, elt: int, tokens: int, longest: int, cpu_
 def weight_bytes(cfg: ModelConfig, elt: int) -> int:
     """Bytes of the weights the engine will hold (module docstring), from the files' headers."""
     decoder = cfg.is_decoder
-    prefixes = ("model.",) if decoder else ("bert.", "roberta.", "model.", "0.auto_model.")
-    skipped = ("lm_head.",) if decoder else ("pooler.", "lm_head", "cls.", "classifier.")
+    prefixes = ("model.",) if decoder else ("bert.", "roberta.", "distilbert.", "mpnet.", "model.", "0.auto_model.")
+    skipped = ("lm_head.",) if decoder else ("pooler.", "lm_head", "cls.", "classifier.", "pre_classifier.", "head.",
+                                             "decoder.", "vocab_")
     total = 0
     for path in sorted(Path(cfg.model_dir).glob("*.safetensors")):
         if path.stem in HEAD_FILES:
@@ -167,7 +169,7 @@ def workspace_bytes(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, 
     device = torch.device(device)
     if device.type != "cuda":
         return 0
-    shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype, cfg.causal)
+    shape = attention_shape(cfg, dtype)
     if attention not in (None, "auto"):
         names = {attention}
     else:
@@ -177,8 +179,8 @@ def workspace_bytes(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, 
         cells = table.shapes.get(shape.key, []) or [{"seqs": 1, "tokens": 128}]
         names = {table.choose(shape.key, c["seqs"], c["tokens"], avail, cfg.num_layers,
                               {n: backend_class(n).host_plan_us for n in avail}) for c in cells} if avail else set()
-    return sum(getattr(backend_class(n), "float_workspace_bytes", 0)
-               + getattr(backend_class(n), "int_workspace_bytes", 0) for n in names)
+    return sum(getattr(backend_class(n), "float_workspace_bytes", 0)               # an int workspace per window
+               + getattr(backend_class(n), "int_workspace_bytes", 0) * len(shape.windows) for n in names)
 
 
 def device_limit(device: str | torch.device, limit_bytes: int | None = None) -> int | None:

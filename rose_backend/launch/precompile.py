@@ -48,7 +48,10 @@ HALF_DTYPES = ("bfloat16", "float16")
 FLASHINFER_HEAD_DIMS = (64, 128, 256)       # FlashInferBackend.unavailable_reason (layers/attention_gpu.py)
 FLASHINFER_BACKENDS = {"flashinfer": "fa2", "flashinfer_fa3": "fa3"}    # engine backend -> flashinfer's
 FA3_MAJOR = 9                               # fa3 kernels: Hopper only
-FUSED_MODULES = {"qwen3": ("norm", "silu_and_mul")}   # layers/norm.py AddRMSNorm, layers/activation.py
+# model_type -> the flashinfer modules of layers/norm.py (AddRMSNorm, Gemma's) and layers/activation.py (gated)
+FUSED_MODULES = {"qwen3": ("norm", "silu_and_mul"), "qwen2": ("norm", "silu_and_mul"), "llama": ("norm", "silu_and_mul"),
+                 "mistral": ("norm", "silu_and_mul"), "gemma3_text": ("norm", "gelu_tanh_and_mul"),
+                 "modernbert": ("gelu_and_mul",)}
 
 
 class PrecompileError(RuntimeError):
@@ -57,7 +60,7 @@ class PrecompileError(RuntimeError):
 
 @dataclass(frozen=True)
 class Module:
-    """One flashinfer JIT module: kind batch_prefill (backend, dtype, head_dim), norm or silu_and_mul."""
+    """One flashinfer JIT module: kind batch_prefill (backend, dtype, head_dim), norm or <act>_and_mul."""
     kind: str
     backend: str = ""
     dtype: str = ""
@@ -80,7 +83,7 @@ class Module:
         if self.kind == "norm":
             from flashinfer.jit.norm import gen_norm_module
             return gen_norm_module()
-        return fjit.gen_act_and_mul_module("silu")
+        return fjit.gen_act_and_mul_module(self.kind.removesuffix("_and_mul"))
 
 
 def parse_arch(value: str) -> tuple[int, int]:
@@ -99,9 +102,10 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
     from rose_backend.engine.backend_table import BackendTable
     from rose_backend.engine.graph_cache import seq_buckets, token_buckets
     from rose_backend.layers import switches
-    from rose_backend.layers.attention import BACKENDS, AttentionShape, backend_class
+    from rose_backend.layers.attention import BACKENDS, backend_class
     from rose_backend.layers.attention_gpu import installed
-    shape = AttentionShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, getattr(torch, dtype), cfg.causal)
+    from rose_backend.models.registry import attention_shape
+    shape = attention_shape(cfg, getattr(torch, dtype))
     cuda = list(runnable)
     if cfg.head_dim % 8 == 0 and cfg.head_dim <= 256:          # TorchVarlenBackend.unavailable_reason
         cuda.append("torch_varlen")

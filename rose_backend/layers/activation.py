@@ -34,6 +34,29 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+# Gated activations of a fused gate/up projection [T, 2F] -> act(gate) * up [T, F], by the name
+# project() takes, with the activation of the gate and flashinfer's kernel for it.
+GATED = {"swiglu": ("silu", "silu_and_mul"), "geglu": ("gelu", "gelu_and_mul"),
+         "geglu_tanh": ("gelu_pytorch_tanh", "gelu_tanh_and_mul")}
+
+
+def gated_name(hidden_act: str) -> str:
+    """The gated form ("swiglu", "geglu", "geglu_tanh") of a config.json activation."""
+    for name, (act, _) in GATED.items():
+        if activation_name(hidden_act) == act or (act == "gelu_pytorch_tanh" and hidden_act == "gelu_new"):
+            return name
+    raise ValueError(f"no gated form of activation {hidden_act!r}; supported: silu, gelu, gelu_pytorch_tanh")
+
+
+def gated(x: torch.Tensor, name: str) -> torch.Tensor:
+    """GATED[name] on x [T, 2F] (gate columns, then up) -> [T, F] (flashinfer's kernel on CUDA)."""
+    act, kernel = GATED[name]
+    if fused.half_kernels(x):
+        return getattr(fused.flashinfer.activation, kernel)(x, enable_pdl=switches.flashinfer_pdl())
+    gate, up = x.chunk(2, dim=-1)
+    return activation(act)(gate) * up
+
+
 def linear_act(x: torch.Tensor, linear: torch.nn.Module, name: str) -> torch.Tensor:
     """act(linear(x)): [T, K] -> [T, N], for an nn.Linear or an Fp8Linear (layers/fp8.py; its FP8
     batches run the GEMM, then the activation).

@@ -7,6 +7,14 @@ sequence i owning rows cu_seqlens[i]:cu_seqlens[i+1]; no padding and no mask. Em
 
     backend.plan(meta)                 # once per batch, outside any graph
     out = backend.run(q, k, v)         # per layer; q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
+    out = backend.run(q, k, v, window=(64, 64))   # a sliding-window layer (one of shape.windows)
+    out = backend.run(q, k, v, bias=rel)          # + rel [Hq, 2P - 1] by relative distance (MPNet)
+
+What a model's layers ask beyond plain attention is in its AttentionShape: sliding windows per layer
+(query i of a sequence sees its keys i - left .. i + right; causal keeps j <= i too), a score scale other
+than head_dim ** -0.5, and an additive per-head score bias by relative distance, the same for every
+sequence (`bias[h, P - 1 + j - i]` for P = (bias.shape[1] + 1) // 2). Each backend says in
+`unavailable_reason` which of these it cannot do.
 
 Backends (the registry names; GPU ones are imported only when first made):
     sdpa_loop        any device, one SDPA call per sequence on the host; the CPU path and reference
@@ -52,6 +60,9 @@ class AttentionMetadata:
         return self.seq_lens
 
 
+Window = tuple[int, int]      # (left, right): query i sees keys i - left .. i + right of its sequence
+
+
 @dataclass(slots=True, frozen=True)
 class AttentionShape:
     num_heads: int
@@ -59,11 +70,26 @@ class AttentionShape:
     head_dim: int
     dtype: torch.dtype
     causal: bool = False
+    windows: tuple[Window | None, ...] = (None,)    # the layers' distinct windows; None: full attention
+    scale: float | None = None                      # score scale; None: head_dim ** -0.5
+    position_bias: bool = False                     # layers pass run(..., bias=) (relative distance)
 
     @property
     def key(self) -> str:
-        """Short name of the shape for the backend table, e.g. 'h16kv16d64' (+ 'c' when causal)."""
-        return f"h{self.num_heads}kv{self.num_kv_heads}d{self.head_dim}" + ("c" if self.causal else "")
+        """Short name of the shape for the backend table, e.g. 'h16kv16d64' (+ 'c' when causal, and
+        the windows and position bias where a model has them)."""
+        extra = "".join(f"-w{w[0]}_{w[1]}" for w in self.windows if w is not None)
+        extra += "-bias" if self.position_bias else ""
+        return f"h{self.num_heads}kv{self.num_kv_heads}d{self.head_dim}" + ("c" if self.causal else "") + extra
+
+    @property
+    def score_scale(self) -> float:
+        return self.scale if self.scale is not None else self.head_dim ** -0.5
+
+    @property
+    def sliding(self) -> list[Window]:
+        """The sliding windows some layer uses."""
+        return [w for w in self.windows if w is not None]
 
 
 class AttentionBackend(abc.ABC):
@@ -77,7 +103,7 @@ class AttentionBackend(abc.ABC):
     def __init__(self, shape: AttentionShape, device: torch.device):
         self.shape, self.device = shape, torch.device(device)
         self.meta: AttentionMetadata | None = None
-        self.scale = shape.head_dim ** -0.5
+        self.scale = shape.score_scale
 
     @classmethod
     def unavailable_reason(cls, shape: AttentionShape, device: torch.device) -> str | None:
@@ -90,19 +116,22 @@ class AttentionBackend(abc.ABC):
         self.meta = meta
 
     @abc.abstractmethod
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, Hq, D], k / v [T, Hkv, D] for the planned batch -> [T, Hq, D]."""
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: Window | None = None,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, Hq, D], k / v [T, Hkv, D] for the planned batch -> [T, Hq, D]; window: this layer's
+        (one of shape.windows), bias [Hq, 2P - 1] float32 (shape.position_bias; module docstring)."""
 
 
 class SdpaLoopBackend(AttentionBackend):
     """Reference path for any device: one scaled_dot_product_attention call per sequence.
 
     The loop runs on the host over `meta.lens()`, so it cannot be captured in a CUDA graph;
-    it is the CPU path and the numerical reference for the fused backends.
+    it is the CPU path and the numerical reference for the fused backends. Windows and the position
+    bias become a mask per sequence.
     """
     name = "sdpa_loop"
 
-    def run(self, q, k, v):
+    def run(self, q, k, v, window=None, bias=None):
         meta = self.meta
         out = torch.empty_like(q)
         groups = self.shape.num_heads // self.shape.num_kv_heads
@@ -116,12 +145,34 @@ class SdpaLoopBackend(AttentionBackend):
             if groups > 1:
                 ks = ks.repeat_interleave(groups, dim=0)
                 vs = vs.repeat_interleave(groups, dim=0)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal)
+            if window is None and bias is None:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=meta.causal, scale=self.scale)
+            else:
+                mask = _score_mask(n, window, meta.causal, bias, q.device)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask.to(qs.dtype) if bias is not None
+                                                   else mask, scale=self.scale)
             out[start:end] = o.transpose(0, 1)
             start = end
         if start < q.shape[0]:              # rows no sequence owns: keep them finite
             out[start:].zero_()
         return out
+
+
+def _score_mask(n: int, window: Window | None, causal: bool, bias: torch.Tensor | None,
+                device: torch.device) -> torch.Tensor:
+    """What one sequence of n tokens adds to its scores: [H, n, n] float32 (the bias, -inf where a key
+    is not visible), or [n, n] bool (True: visible) without a bias."""
+    pos = torch.arange(n, device=device)
+    rel = pos[None, :] - pos[:, None]                                       # [n, n]: j - i
+    visible = torch.ones(n, n, dtype=torch.bool, device=device)
+    if window is not None:
+        visible = (rel >= -window[0]) & (rel <= window[1])
+    if causal:
+        visible &= rel <= 0
+    if bias is None:
+        return visible
+    p = (bias.shape[1] + 1) // 2          # distances past the table take its end rows (a graph's padding)
+    return bias.float()[:, (rel + (p - 1)).clamp(0, 2 * p - 2)].masked_fill(~visible, float("-inf"))
 
 
 # name -> class, or "module:Class" for backends whose module imports GPU packages (made lazily)

@@ -1,7 +1,9 @@
 """LayerNorm / RMSNorm with the residual add folded in: norm(x + residual).
 
 On CUDA, AddLayerNorm runs one Triton kernel (layers/fused_kernels.py): the add, the statistics
-in float32 and the affine in one pass; AddRMSNorm runs flashinfer's fused_add_rmsnorm (bf16/fp16).
+in float32 and the affine in one pass; AddRMSNorm runs flashinfer's fused_add_rmsnorm (bf16/fp16),
+AddGemmaRMSNorm (weight 1 + w) its gemma_fused_add_rmsnorm. PreLayerNorm (pre-norm LayerNorm with
+the residual stream, ModernBERT) is plain torch.
 On the CPU (or with layers.fused.enabled False) both are plain torch. Either also takes a split-K
 projection's Partials (layers/projection.py) as x and sums them in the same kernel (CUDA only).
 """
@@ -75,3 +77,45 @@ class AddRMSNorm(RMSNorm):
         if residual is not None:
             x = x + residual
         return super().forward(x), x
+
+
+class GemmaRMSNorm(nn.Module):
+    """y = x / rms(x) * (1 + weight), in float32 and rounded once, as Hugging Face's Gemma3RMSNorm
+    (flashinfer's gemma_rmsnorm on CUDA in bf16 / fp16 for [T, H] rows)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.half_kernels(x) and x.dim() == 2 and x.is_contiguous():
+            return fused.flashinfer.norm.gemma_rmsnorm(x, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl())
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class AddGemmaRMSNorm(GemmaRMSNorm):
+    """(GemmaRMSNorm(x + residual), x + residual); in place on CUDA as AddRMSNorm (flashinfer's
+    gemma_fused_add_rmsnorm)."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return super().forward(x), x
+        if fused.half_kernels(x):
+            fused.flashinfer.norm.gemma_fused_add_rmsnorm(x, residual, self.weight, self.eps,
+                                                          enable_pdl=switches.flashinfer_pdl())
+            return x, residual
+        x = x + residual
+        return super().forward(x), x
+
+
+class PreLayerNorm(nn.LayerNorm):
+    """(LayerNorm(x + residual), x + residual), the residual stream of a pre-norm encoder; with
+    residual None, (LayerNorm(x), x). Bias optional (nn.LayerNorm's bias=False)."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps), x

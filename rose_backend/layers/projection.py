@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rose_backend.layers import fused, switches
-from rose_backend.layers.activation import linear_act, silu_and_mul
+from rose_backend.layers.activation import GATED, gated, linear_act, silu_and_mul
 
 max_tokens = switches.splitk_max_tokens()
 gemm_max_tokens = switches.small_gemm_max_tokens()
@@ -54,8 +54,8 @@ def project_for_norm(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor | Parti
 
 
 def project(x: torch.Tensor, linear: nn.Module, act: str = "none") -> torch.Tensor:
-    """act(linear(x)) for x [T, K] -> [T, N] ([T, N / 2] for "swiglu": gate rows, then up rows); act
-    is "none", "swiglu" or a config.json activation name. SwiGLU at <= gemm_max_tokens tokens on CUDA
+    """act(linear(x)) for x [T, K] -> [T, N] ([T, N / 2] for the gated "swiglu", "geglu", "geglu_tanh":
+    gate rows, then up rows); act is "none", a gated name or a config.json activation name. SwiGLU at <= gemm_max_tokens tokens on CUDA
     in bf16 / fp16 is one small-GEMM kernel with it in the epilogue (cuBLAS has no such epilogue: GEMM
     then SiLU-and-mul); everything else is cuBLAS (a GELU in its epilogue), which the H200 sweep found
     faster than the small-GEMM kernel for QKV and up + GELU at 128 tokens."""
@@ -66,4 +66,6 @@ def project(x: torch.Tensor, linear: nn.Module, act: str = "none") -> torch.Tens
         return gemm_act(x, linear.weight, linear.bias, "swiglu")
     if act == "swiglu":
         return silu_and_mul(linear(x))
+    if act in GATED:                                                    # GeGLU (ModernBERT, Gemma 3)
+        return gated(linear(x), act)
     return linear(x) if act == "none" else linear_act(x, linear, act)

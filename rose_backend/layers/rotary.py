@@ -6,11 +6,42 @@ and a few elementwise ops with fixed shapes, nothing on the host, so it lives in
 
     rope = RotaryEmbedding(head_dim=128, max_positions=32768, base=1e6)
     q, k = rope(positions, q, k)          # q [T, Hq, D], k [T, Hkv, D] -> same shapes
+
+Scaled RoPE as transformers computes it (`rope` = config.json's rope_parameters / rope_scaling
+entry): "default", "linear" (frequencies / factor) and "llama3" (Llama 3.1's banded rescaling);
+other types are refused by name (rope_inv_freq).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_inv_freq(head_dim: int, base: float, rope: dict | None = None, device=None) -> torch.Tensor:
+    """The inverse frequencies [D/2] float32 of RoPE type rope["rope_type"] (ROPE_TYPES; ValueError
+    naming the type otherwise), as transformers' modeling_rope_utils computes them."""
+    kind = (rope or {}).get("rope_type", (rope or {}).get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    if (rope or {}).get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    if kind == "linear":
+        return inv_freq / rope["factor"]
+    if kind == "llama3":
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old = rope["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
 
 
 class RotaryEmbedding(nn.Module):
@@ -22,19 +53,20 @@ class RotaryEmbedding(nn.Module):
     meta-device construction and `to_empty`, call `init_cache()` to fill it.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, base: float):
+    def __init__(self, head_dim: int, max_positions: int, base: float, rope: dict | None = None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
-        self.head_dim, self.max_positions, self.base = head_dim, max_positions, base
+        self.head_dim, self.max_positions, self.base, self.rope = head_dim, max_positions, base, rope
+        rope_inv_freq(2, base, rope)                     # refuse an unsupported type at construction
         self.register_buffer("cos_sin_cache", torch.empty(max_positions, head_dim), persistent=False)
         if not self.cos_sin_cache.is_meta:
             self.init_cache()
 
     @torch.no_grad()
     def init_cache(self) -> None:
-        d, dev = self.head_dim, self.cos_sin_cache.device
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32, device=dev) / d))   # [D/2]
+        dev = self.cos_sin_cache.device
+        inv_freq = rope_inv_freq(self.head_dim, self.base, self.rope, dev)                           # [D/2]
         t = torch.arange(self.max_positions, dtype=torch.float32, device=dev)
         freqs = torch.outer(t, inv_freq)                                                               # [P, D/2]
         self.cos_sin_cache.copy_(torch.cat([freqs.cos(), freqs.sin()], dim=-1))

@@ -1,15 +1,11 @@
-"""Model definitions on packed (tokens, hidden) input, and the registry that builds them."""
+"""Model definitions on packed (tokens, hidden) input, one file per family, built through the registry
+(registry.py: config.json's model_type / architectures -> the family's class)."""
 from __future__ import annotations
-
-import importlib
 
 import torch
 
 from rose_backend.config import ModelConfig
-
-# The model file and class of each family; config.py's ENCODER_TYPES / DECODER_TYPES say which
-# model_type values belong to which family (the one list of supported types; from_folder refuses others).
-MODEL_FILES = {"encoder": ("bert", "BertEncoder"), "decoder": ("qwen3", "Qwen3Decoder")}
+from rose_backend.models.registry import model_class
 
 
 class _NoMetaFills(torch.overrides.TorchFunctionMode):
@@ -33,9 +29,8 @@ class _NoMetaFills(torch.overrides.TorchFunctionMode):
 
 def build_model(cfg: ModelConfig, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32, attention: str = "sdpa_loop") -> torch.nn.Module:
-    """Construct the model for cfg.model_type and load its weights from cfg.model_dir."""
-    module, name = MODEL_FILES["decoder" if cfg.is_decoder else "encoder"]
-    cls = getattr(importlib.import_module(f"rose_backend.models.{module}"), name)
+    """Construct the model of cfg's family (registry.py) and load its weights from cfg.model_dir."""
+    cls = model_class(cfg)
     device = torch.device(device)
     with torch.device("meta"), _NoMetaFills():
         model = cls(cfg)

@@ -3,10 +3,12 @@
     head = build_head(cfg, device)        # None for embedding models
     scores = head(pooled)                 # [S, 1] float32, what the client gets
 
-- ClassifierHead (cross-encoders): dense -> tanh -> out_proj on the first token, then the
-  activation sentence-transformers' CrossEncoder applies by default (sigmoid for one label).
-  XLMRobertaForSequenceClassification names it classifier.dense / classifier.out_proj;
-  BertForSequenceClassification names it bert.pooler.dense / classifier (the same maths).
+- ClassifierHead (cross-encoders): dense -> activation [-> LayerNorm] -> out_proj on the pooled
+  first token (ModernBERT: mean, with classifier_pooling "mean"), then the activation
+  sentence-transformers' CrossEncoder applies by default (sigmoid for one label). The layouts
+  (_CLASSIFIER_LAYOUTS): (XLM-)RoBERTa, CamemBERT and MPNet name it classifier.dense / classifier.out_proj
+  (tanh); BERT bert.pooler.dense / classifier (tanh); DistilBERT pre_classifier / classifier (ReLU);
+  ModernBERT head.dense / head.norm / classifier (classifier_activation, LayerNorm, biases optional).
 - YesNoHead (Qwen3-Reranker): the lm_head rows of "no" and "yes" at the last token,
   p(yes) = softmax([no, yes])[1] as the model card computes it. Only those two rows are read from
   the safetensors (lm_head.weight, or the embedding table when the embeddings are tied).
@@ -22,23 +24,33 @@ from safetensors import safe_open
 from torch import nn
 
 from rose_backend.config import ModelConfig
+from rose_backend.layers.activation import activation as layer_activation
 
-# Hugging Face names of the classifier parts, per layout: (dense, out_proj)
-_CLASSIFIER_NAMES = (
-    ("classifier.dense", "classifier.out_proj"),            # XLMRoberta / Roberta ForSequenceClassification
-    ("bert.pooler.dense", "classifier"),                    # BertForSequenceClassification
+# Hugging Face names of the classifier parts, per layout: (dense, out_proj, activation between them
+# (None: config.json's classifier_activation), LayerNorm after it or None); the first whose dense and
+# out_proj weights the folder holds is its layout
+_CLASSIFIER_LAYOUTS = (
+    ("classifier.dense", "classifier.out_proj", "tanh", None),     # (XLM-)RoBERTa, CamemBERT, MPNet
+    ("bert.pooler.dense", "classifier", "tanh", None),             # BertForSequenceClassification
+    ("pre_classifier", "classifier", "relu", None),                # DistilBertForSequenceClassification
+    ("head.dense", "classifier", None, "head.norm"),               # ModernBertForSequenceClassification
 )
 
 
 class ClassifierHead(nn.Module):
-    def __init__(self, hidden: int, activation: str):
+    def __init__(self, hidden: int, activation: str, inner: str = "tanh", norm_eps: float | None = None):
         super().__init__()
         self.dense = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden, eps=norm_eps) if norm_eps is not None else None
         self.out_proj = nn.Linear(hidden, 1)
+        self.inner = torch.tanh if inner == "tanh" else layer_activation(inner)
         self.activation = activation
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:          # [S, H] -> [S, 1]
-        logit = self.out_proj(torch.tanh(self.dense(pooled)))
+        x = self.inner(self.dense(pooled))
+        if self.norm is not None:
+            x = self.norm(x)
+        logit = self.out_proj(x)
         return torch.sigmoid(logit) if self.activation == "sigmoid" else logit
 
 
@@ -57,17 +69,7 @@ def build_head(cfg: ModelConfig, device: torch.device | str = "cpu") -> nn.Modul
         return None
     tensors = _TensorIndex(cfg.model_dir)
     if cfg.kind == "cross-encoder":
-        head = ClassifierHead(cfg.hidden_size, cfg.score_activation)
-        for dense, out in _CLASSIFIER_NAMES:
-            if tensors.has(f"{dense}.weight") and tensors.has(f"{out}.weight"):
-                with torch.no_grad():
-                    for part, name in ((head.dense, dense), (head.out_proj, out)):
-                        part.weight.copy_(tensors.get(f"{name}.weight"))
-                        part.bias.copy_(tensors.get(f"{name}.bias"))
-                break
-        else:
-            raise KeyError(f"{cfg.model_dir}: no classifier weights (looked for "
-                           f"{', '.join(d + ' / ' + o for d, o in _CLASSIFIER_NAMES)})")
+        head = _classifier(cfg, tensors)
     elif cfg.kind == "qwen3-reranker":
         head = YesNoHead(cfg.hidden_size)
         no_id, yes_id = yes_no_token_ids(cfg.model_dir)
@@ -80,6 +82,29 @@ def build_head(cfg: ModelConfig, device: torch.device | str = "cpu") -> nn.Modul
     else:
         raise ValueError(f"no head for model kind {cfg.kind!r}")
     return head.to(device).eval().requires_grad_(False)
+
+
+def _classifier(cfg: ModelConfig, tensors: "_TensorIndex") -> ClassifierHead:
+    """The ClassifierHead of the folder's layout (_CLASSIFIER_LAYOUTS) with its weights; a part a
+    layout may leave out (ModernBERT's biases) keeps zeros."""
+    for dense, out, inner, norm in _CLASSIFIER_LAYOUTS:
+        if tensors.has(f"{dense}.weight") and tensors.has(f"{out}.weight"):
+            break
+    else:
+        raise KeyError(f"{cfg.model_dir}: no classifier weights (looked for "
+                       f"{', '.join(d + ' / ' + o for d, o, _, _ in _CLASSIFIER_LAYOUTS)})")
+    head = ClassifierHead(cfg.hidden_size, cfg.score_activation, inner or cfg.raw.get("classifier_activation", "gelu"),
+                          cfg.norm_eps if norm else None)
+    with torch.no_grad():
+        for part, name in ((head.dense, dense), (head.norm, norm), (head.out_proj, out)):
+            if part is None:
+                continue
+            part.weight.copy_(tensors.get(f"{name}.weight"))
+            if tensors.has(f"{name}.bias"):
+                part.bias.copy_(tensors.get(f"{name}.bias"))
+            else:
+                part.bias.zero_()
+    return head
 
 
 def yes_no_token_ids(model_dir: Path) -> tuple[int, int]:

@@ -28,18 +28,8 @@ from rose_backend.layers.attention import AttentionBackend
 from rose_backend.layers.norm import AddRMSNorm, RMSNorm
 from rose_backend.layers.projection import project, project_for_norm
 from rose_backend.layers.rotary import RotaryEmbedding
-from rose_backend.loading import PackedLoader, iter_safetensors, strip_prefix
+from rose_backend.models.decoder_weights import load_decoder
 from rose_backend.models.packed import PackedModel
-
-_PREFIXES = ("model.",)                     # Qwen3ForCausalLM keeps the decoder under "model."
-_SKIPPED = ("lm_head.",)                    # the LM head (tied or not) plays no part in embeddings
-
-# Hugging Face projection -> (this module's fused projection, shard). Declared once; the loader
-# copies each part into its rows of the fused weight (nano-vllm's packed_modules_mapping).
-PACKED_MODULES = {
-    "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
-}
 
 
 class Qwen3Attention(nn.Module):
@@ -118,30 +108,8 @@ class Qwen3Decoder(PackedModel):
             x, residual = layer(positions, x, residual)
         return self.norm(x, residual)[0]
 
-    @torch.no_grad()
     def load_from_folder(self, model_dir: Path) -> None:
         """Copy a Hugging Face Qwen3Model / Qwen3ForCausalLM checkpoint in, fusing q/k/v and
         gate/up on the way. Strict: unknown or missing weights raise KeyError naming them."""
         self.rotary.init_cache()            # a computed buffer, not a weight (meta construction leaves it empty)
-        loader = PackedLoader(self, model_dir, self._shards)
-        for raw_name, w in iter_safetensors(model_dir):
-            name = strip_prefix(raw_name, _PREFIXES)
-            if name.startswith(_SKIPPED):
-                continue
-            shard = None
-            for part, (packed, shard_name) in PACKED_MODULES.items():
-                if f".{part}." in name:
-                    name, shard = name.replace(f".{part}.", f".{packed}."), shard_name
-                    break
-            loader.copy(name, w, shard, raw_name)
-        loader.finish()
-
-    def _shards(self, name: str) -> dict[str | None, tuple[int, int]]:
-        """Row ranges (start, size) of each part of a fused parameter; {None: ...} if not fused."""
-        c = self.cfg
-        q, kv, f = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-        if ".qkv_proj." in name:
-            return {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
-        if ".gate_up_proj." in name:
-            return {"gate": (0, f), "up": (f, f)}
-        return {None: (0, 0)}
+        load_decoder(self, model_dir)
