@@ -91,6 +91,15 @@ class SentenceChain:
         """The pooling as one string: "mean", or "cls+mean" for concatenated modes."""
         return "+".join(self.pooling)
 
+    def late_chunking_refusal(self) -> str | None:
+        """Why late chunking (a chunk's vector: the mean of its tokens' hidden states, normalized if the
+        model normalizes) is not this chain's embedding, or None where it is comparable."""
+        if self.dense or len(self.pooling) > 1:
+            return (f"late chunking (DOC_CHUNKS / TOKEN_CHUNKS) is not available for this model: its chain "
+                    f"({self.describe()}) is not one pooling of the hidden states, which a chunk's vector is; "
+                    "embed the chunks as texts of their own")
+        return None
+
     def describe(self) -> str:
         parts = ["Transformer", f"Pooling({self.mode_name})"]
         parts += ["Dropout (identity)"] if self.dropout else []

@@ -138,4 +138,4 @@ def _legacy_type(name: str) -> str:
 
 
 def _hidden(config: dict) -> int:
-    return next(config[k] for k in ("hidden_size", "d_model", "dim", "embedding_size") if k in config)
+    return next(config[k] for k in ("hidden_size", "d_model", "dim", "n_embd") if k in config)
