@@ -188,6 +188,8 @@ class ModelConfig:
             raise ModelFolderError(f"{d}: a Qwen3-Reranker must be a causal qwen3 model, got {model_type!r}")
         st = _read_json(d / "config_sentence_transformers.json") if (d / "config_sentence_transformers.json").exists() else {}
         size = _sizes(raw, d)
+        if not native_type and (width := _pooling_width(d)):    # what the model outputs, whatever config.json calls it
+            size["hidden_size"] = width
         hidden, num_heads = size["hidden_size"], size["num_heads"]
         head_dim = raw.get("head_dim") or raw.get("d_kv") or (128 if model_type == "qwen3" else hidden // num_heads)
         max_pos = size["max_position_embeddings"] or 0
