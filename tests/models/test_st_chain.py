@@ -58,6 +58,7 @@ def test_each_pooling_mode_matches_sentence_transformers(tmp_path, transformer, 
     folder = chain_folder(tmp_path / "m", transformer=transformer, pooling=(mode,), normalize=mode != "max")
     cfg = check(folder, graphs=True, expect_dim=64)
     assert cfg.pooling == mode and cfg.normalize == (mode != "max")
+    assert cfg.chain.late_chunking_refusal() is None
 
 
 @pytest.mark.parametrize("pooling,legacy", [(("cls", "mean"), False), (("mean", "max", "weightedmean"), False),
@@ -91,6 +92,7 @@ def test_dense_variants_match_sentence_transformers(tmp_path, transformer, dense
                           normalize=normalize, legacy=legacy)
     cfg = check(folder, graphs=True, expect_dim=dense[-1].out_features)
     assert cfg.normalize == normalize
+    assert "late chunking" in cfg.chain.late_chunking_refusal()       # a chunk's mean is not this chain's output
     assert cfg.chain.describe().startswith("Transformer -> Pooling(mean) -> Dense(64->")
 
 

@@ -58,6 +58,8 @@ def test_a_dense_chain_with_prompts_served_natively(shared_server, tmp_path_fact
         cut = client.embed(batch, task="query", dimensions=16)
         ref = ref_model.encode(batch, prompt_name="query", truncate_dim=16, normalize_embeddings=True)
         np.testing.assert_allclose(cut, ref, rtol=1e-4, atol=1e-5)
+        with pytest.raises(Exception, match="late chunking .* is not available for this model: its chain"):
+            client.embed_late_chunks([["w5 w6 ", "w7 w8"]])
     [line] = startup_lines(srv)
     assert (f"rose: {folder}: family bert, engine native (models/bert.py serves model_type 'bert'), chain "
             "Transformer -> Pooling(mean) -> Dense(64->128, no bias) -> Dense(128->48, no bias) -> Normalize, "
