@@ -125,7 +125,6 @@ class ModelConfig:
     kind: str = "embedding"             # embedding | cross-encoder | qwen3-reranker (model_kind.py)
     score_activation: str = "identity"  # rerankers: sigmoid | identity on the head's logit
     chain: SentenceChain | None = None  # the sentence-transformers chain after the model (None: rerankers)
-    native: bool = True                 # a native model file serves model_type (else transformers: fallback)
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
