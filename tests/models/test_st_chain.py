@@ -96,6 +96,13 @@ def test_dense_variants_match_sentence_transformers(tmp_path, transformer, dense
     assert cfg.chain.describe().startswith("Transformer -> Pooling(mean) -> Dense(64->")
 
 
+def test_the_gateway_knows_the_chains_width(tmp_path, transformer):
+    from rose_gateway.tokens import ModelInfo
+    folder = chain_folder(tmp_path / "m", transformer=transformer, pooling=("cls", "mean"), dense=[Dense(40)])
+    info = ModelInfo(folder)
+    assert (info.dimensions, info.normalizes) == (40, True)
+
+
 def test_dense_before_normalize_then_dense(tmp_path, transformer):
     """Modules run in the folder's order: Normalize between two Dense modules (the output then is not
     unit length, so DIMENSIONS does not normalize it again)."""
