@@ -12,6 +12,8 @@ On a GPU each micro-batch shape (rows bucket, length bucket) is run eagerly once
 CUDA graph and replayed (graph_cache.py's lazy capture); a model whose forward cannot be captured runs
 eagerly from then on, and says so once. On the CPU (graphs off) shapes are exact. There is no lone
 path, no query lane, no FP8 and no attention backend of rose's own: transformers' attention runs.
+A micro-batch's inputs go to the device from pageable memory, a copy that waits for the device, so
+on a GPU the host work of one batch does not overlap the device work of the one before.
 """
 from __future__ import annotations
 
