@@ -129,6 +129,11 @@ def read_chain(d: Path, hidden: int, default: str) -> SentenceChain:
     if first != "Transformer":
         raise ChainError(f"{path}: the first module is {modules[0].get('type')!r}; rose serves a Transformer "
                          "first (a Hugging Face model in the folder itself)")
+    sb = d / "sentence_bert_config.json"
+    task = read_json(sb).get("transformer_task") if sb.exists() else None
+    if task not in (None, "feature-extraction"):
+        raise ChainError(f"{sb}: transformer_task is {task!r}; rose serves the model's hidden states "
+                         "(feature-extraction) only")
     if modules[0].get("path", "") not in ("", "."):
         raise ChainError(f"{path}: the Transformer module lives in {modules[0]['path']!r}; rose reads the model "
                          f"from the folder itself: serve {d / modules[0]['path']} (with the chain's files) instead")

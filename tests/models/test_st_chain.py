@@ -210,6 +210,11 @@ def test_custom_modules_and_token_level_modules_are_refused(tmp_path, transforme
     _refused(folder, "'my_package.Swish'", "not a torch.nn module")
     (folder / "modules.json").write_text(json.dumps(modules[:1]))
     _refused(folder, "no Pooling module")
+    (folder / "modules.json").write_text(json.dumps(modules))
+    dense_cfg.write_text(json.dumps(cfg))
+    assert ModelConfig.from_folder(folder).embedding_dim == 32
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"transformer_task": "fill-mask"}))
+    _refused(folder, "transformer_task is 'fill-mask'")
 
 
 def test_include_prompt_false_is_refused_by_name(tmp_path, transformer):
