@@ -5,6 +5,7 @@
 #            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)
 #            REPLICAS=1  GPUS=0,1 (one server per GPU)  PY=python3  VENV=.venv
 #            STUB_DEATH_WINDOW=60 (a server whose Python stub died is restarted; another death this soon stops serve)
+#            TRUST_REMOTE_CODE=1 (run a folder's own modeling code, config.json's auto_map: docs/MODELS.md; off by default)
 #            ROSE_CACHE_DIR=~/.cache/rose (persistent compile caches: flashinfer JIT, Triton kernels)
 # Keys, from the environment (`API_KEY=... make serve`) or a file (API_KEY_FILE=path), never make's
 # command line, which process listings show: API_KEY requires a key on Triton's inference and
@@ -69,7 +70,8 @@ serve: install
 	  --gateway-port $(if $(filter 0,$(GATEWAY)),0,$(GATEWAY_PORT)) \
 	  $(if $(MODEL),--model "$(MODEL)") $(if $(RERANKER),--reranker "$(RERANKER)") $(if $(KIND),--kind "$(KIND)") \
 	  $(if $(GPUS),--gpus "$(GPUS)") $(if $(STUB_DEATH_WINDOW),--stub-death-window "$(STUB_DEATH_WINDOW)") \
-	  $(if $(API_KEY_FILE),--api-key-file "$(API_KEY_FILE)")
+	  $(if $(API_KEY_FILE),--api-key-file "$(API_KEY_FILE)") \
+	  $(if $(filter 1 true yes on,$(TRUST_REMOTE_CODE)),--trust-remote-code)
 
 # Three pytest-xdist workers on the 2-core machine (tests/conftest.py keeps each module on one
 # worker): much of a server test is waiting on a server's start-up and shutdown, or on a timeout it

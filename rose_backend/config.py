@@ -1,18 +1,22 @@
 """Model folder -> ModelConfig.
 
 Reads a Hugging Face model folder the way sentence-transformers does: config.json for the
-architecture, modules.json / the pooling folder for pooling and normalization,
-sentence_bert_config.json for the maximum sequence length, config_sentence_transformers.json for
-prompts. Nothing here imports torch, so the tokenizer tier and the client can use it too.
+architecture, modules.json and its modules' folders for the chain after the model (Pooling, Dense,
+Normalize: st_folder.py), sentence_bert_config.json for the maximum sequence length,
+config_sentence_transformers.json for prompts. Any model_type is read (families without a native
+file run on transformers: engine/choice.py). Nothing here imports torch, so the tokenizer tier and
+the client can use it too.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rose_backend.model_kind import QWEN3_RERANKER_MAX_LENGTH, detect_kind, score_activation
+from rose_backend.st_folder import POOLING_MODES, ChainError, SentenceChain, check_lowercase, read_chain
 
 # The native model families (rose_backend/models/<family>.py, built through models/registry.py) and the
 # config.json model_type values each serves. Decoders are causal unless config.json says otherwise.
@@ -37,7 +41,15 @@ KEY_SPELLINGS = {"hidden_size": ("hidden_size", "dim"), "num_hidden_layers": ("n
 # Folders whose config.json names another model_type but whose weights are Qwen3's, read as "qwen3".
 # pplx-embed ships as `bidirectional_pplx_qwen3` (Qwen3Model with use_bidirectional_attention).
 QWEN3_ALIASES = {"bidirectional_pplx_qwen3": "qwen3"}
-POOLING_MODES = ("mean", "cls", "lasttoken")
+# Families without a native model file run on transformers (engine/fallback.py): their config.json
+# keys vary, so each size is read from the first of these that it has.
+_SIZE_KEYS = {"hidden_size": ("hidden_size", "d_model", "dim", "n_embd", "embed_dim"),
+              "num_layers": ("num_hidden_layers", "num_layers", "n_layers", "n_layer"),
+              "num_heads": ("num_attention_heads", "num_heads", "n_heads", "n_head", "encoder_attention_heads"),
+              "intermediate_size": ("intermediate_size", "d_ff", "hidden_dim", "n_inner", "encoder_ffn_dim"),
+              "max_position_embeddings": ("max_position_embeddings", "n_positions", "max_seq_len")}
+# transformers families whose position table starts after the padding id (as XLM-R's does)
+_PAD_OFFSET_TYPES = ("xlm-roberta", "roberta", "camembert", "mpnet", "data2vec-text", "xmod", "longformer", "ibert")
 MODEL_DIR_VARIABLE = "ROSE_MODEL_DIR"      # the served folder, where a call names none (the launcher sets it)
 
 
@@ -59,14 +71,41 @@ def default_model_dir() -> Path:
 def resolve_model_dir(path: str | os.PathLike | None = None, env=None) -> Path:
     """An explicit path, else $ROSE_MODEL_DIR of `env` (default: this process's), else the default
     model. A path may name environment variables ("$ROSE_RERANKER_DIR": a served model's config then
-    shows no local path)."""
+    shows no local path). A Hugging Face id ("org/name") that is no folder here is refused with the
+    command that downloads it: rose reads folders and downloads nothing."""
     path = str(path or (os.environ if env is None else env).get(MODEL_DIR_VARIABLE) or "")
     if not path:
         return default_model_dir()
     expanded = os.path.expandvars(path)
     if "$" in expanded:
         raise ModelFolderError(f"the model folder {path!r} names an environment variable that is not set")
-    return Path(expanded).expanduser().resolve()
+    resolved = Path(expanded).expanduser().resolve()
+    if not resolved.exists() and _HUB_ID.fullmatch(path):
+        raise ModelFolderError(hub_id_message(path))
+    return resolved
+
+
+# "org/name": what the Hugging Face Hub calls a model (a relative folder of that form that exists is a folder)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_id_message(model_id: str) -> str:
+    """What to do with a Hugging Face model id: download its folder, then serve the folder."""
+    name = model_id.split("/")[-1]
+    cached = _cached_snapshot(model_id)
+    where = f" A copy is in the Hugging Face cache: MODEL={cached}" if cached else ""
+    return (f"model folder {model_id!r} does not exist: MODEL takes a local folder, and Hugging Face ids are not "
+            f"downloaded. Fetch the folder with `hf download {model_id} --local-dir models/{name}`, then serve "
+            f"MODEL=models/{name}.{where}")
+
+
+def _cached_snapshot(model_id: str) -> Path | None:
+    """The newest snapshot of model_id in the local Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub), if any."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME") or "~/.cache/huggingface", "hub")
+    snapshots = Path(hub).expanduser() / f"models--{model_id.replace('/', '--')}" / "snapshots"
+    found = sorted((p for p in snapshots.glob("*") if (p / "config.json").exists()), key=lambda p: p.stat().st_mtime) \
+        if snapshots.is_dir() else []
+    return found[-1] if found else None
 
 
 def _read_json(path: Path) -> dict:
@@ -97,17 +136,19 @@ class ModelConfig:
     position_offset: int = 0            # XLM-R numbers positions from pad_token_id + 1
     rope_theta: float = 1_000_000.0
     causal: bool = False
-    pooling: str = "mean"
-    normalize: bool = False
+    pooling: str = "mean"               # the Pooling modes, "+"-joined when concatenated ("cls+mean")
+    normalize: bool = False             # the output is L2-normalized (the chain ends with Normalize)
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     kind: str = "embedding"             # embedding | cross-encoder | qwen3-reranker (model_kind.py)
     score_activation: str = "identity"  # rerankers: sigmoid | identity on the head's logit
+    chain: SentenceChain | None = None  # the sentence-transformers chain after the model (None: rerankers)
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        if self.pooling not in POOLING_MODES:
-            raise ModelFolderError(f"pooling mode {self.pooling!r} is not supported; use one of {POOLING_MODES}")
+        bad = [m for m in self.pooling.split("+") if m not in POOLING_MODES]
+        if bad:
+            raise ModelFolderError(f"pooling mode {'+'.join(bad)!r} is not supported; use one of {POOLING_MODES}")
         if self.num_heads * self.head_dim <= 0 or self.num_heads % self.num_kv_heads:
             raise ModelFolderError(
                 f"bad attention shape: {self.num_heads} heads, {self.num_kv_heads} key/value heads, "
@@ -130,8 +171,11 @@ class ModelConfig:
 
     @property
     def embedding_dim(self) -> int:
-        """Width of one output row: the hidden size, or 1 (the score) for a reranker."""
-        return 1 if self.is_reranker else self.hidden_size
+        """Width of one output row: the chain's output (the hidden size times the pooling modes, or the
+        last Dense module's width), or 1 (the score) for a reranker."""
+        if self.is_reranker:
+            return 1
+        return self.chain.output_dim if self.chain is not None else self.hidden_size
 
     @property
     def uses_token_types(self) -> bool:
@@ -151,10 +195,9 @@ class ModelConfig:
         validate_model_folder(d)
         raw = _read_json(d / "config.json")
         model_type = QWEN3_ALIASES.get(raw.get("model_type", ""), raw.get("model_type", ""))
-        if model_type not in ENCODER_TYPES + DECODER_TYPES:
-            raise ModelFolderError(
-                f"{d / 'config.json'}: model_type {model_type!r} is not supported "
-                f"(supported: {', '.join(ENCODER_TYPES + DECODER_TYPES)})")
+        if not model_type:
+            raise ModelFolderError(f"{d / 'config.json'} has no model_type: not a transformers model folder")
+        native_type = model_type in ENCODER_TYPES + DECODER_TYPES
         causal = model_type in DECODER_TYPES and not _is_bidirectional(raw)
         try:
             kind = detect_kind(d, raw, kind)
@@ -167,34 +210,51 @@ class ModelConfig:
                 f"{', '.join(ENCODER_TYPES)}; a {model_type!r} classification head is not")
         if kind == "qwen3-reranker" and (model_type != "qwen3" or not causal):
             raise ModelFolderError(f"{d}: a Qwen3-Reranker must be a causal qwen3 model, got {model_type!r}")
-        # Without a pooling config: CLS for encoders, last token for causal decoders (Qwen3-Embedding),
-        # mean for bidirectional ones (pplx-embed).
-        pooling, normalize = _read_pooling(
-            d, default="cls" if model_type not in DECODER_TYPES else "lasttoken" if causal else "mean")
         st = _read_json(d / "config_sentence_transformers.json") if (d / "config_sentence_transformers.json").exists() else {}
-        field_of = _generic_fields(raw, model_type, d)
-        num_heads, hidden = field_of("num_attention_heads"), field_of("hidden_size")
-        head_dim = field_of("head_dim", hidden // num_heads)
-        max_pos = raw.get("max_position_embeddings") or 512
-        offset = POSITION_OFFSETS.get(model_type, 0)
+        if native_type:                               # the family's keys and defaults (TYPE_DEFAULTS)
+            field_of = _generic_fields(raw, model_type, d)
+            num_heads, hidden = field_of("num_attention_heads"), field_of("hidden_size")
+            head_dim = field_of("head_dim", hidden // num_heads)
+            vocab, layers, inter = field_of("vocab_size"), field_of("num_hidden_layers"), field_of("intermediate_size")
+            norm_eps = field_of("norm_eps", 1e-6 if model_type in DECODER_TYPES else 1e-12)
+            act, max_pos = field_of("hidden_act", "gelu"), raw.get("max_position_embeddings") or 512
+        else:                                         # the fallback engine's: any spelling transformers uses
+            size = _sizes(raw, d)
+            if width := _pooling_width(d):            # what the model outputs, whatever config.json calls it
+                size["hidden_size"] = width
+            hidden, num_heads = size["hidden_size"], size["num_heads"]
+            head_dim = raw.get("head_dim") or raw.get("d_kv") or hidden // num_heads
+            vocab, layers, inter = size["vocab_size"], size["num_layers"], size["intermediate_size"]
+            norm_eps = raw.get("layer_norm_eps", raw.get("rms_norm_eps", 1e-12))
+            act, max_pos = raw.get("hidden_act", "gelu"), size["max_position_embeddings"] or 0
+        offset = POSITION_OFFSETS.get(model_type, "pad" if model_type in _PAD_OFFSET_TYPES else 0)
         position_offset = (raw.get("pad_token_id", 1) + 1) if offset == "pad" else offset
-        max_len = _read_max_seq_length(d, max_pos - position_offset)
+        max_len = _read_max_seq_length(d, max_pos - position_offset if max_pos else None)
+        max_pos = max_pos or max_len                  # relative positions (T5): the length it is served at
+        chain = None
         if kind == "cross-encoder":          # the first token (ModernBERT: its classifier_pooling) through the head
             pooling, normalize = ("mean" if raw.get("classifier_pooling") == "mean" else "cls"), False
         elif kind == "qwen3-reranker":                # p(yes) at the last token; the card's max_length
             pooling, normalize, max_len = "lasttoken", False, min(max_len, QWEN3_RERANKER_MAX_LENGTH)
+        else:
+            # Without modules.json: CLS for the native encoders, last token for causal decoders
+            # (Qwen3-Embedding), mean for bidirectional ones (pplx-embed) and, as sentence-transformers
+            # does, for every other family.
+            default = ("cls" if model_type in ENCODER_TYPES else "lasttoken" if causal else "mean") if native_type \
+                else "mean"
+            chain = _read_chain(d, hidden, default)
+            pooling, normalize = chain.mode_name, chain.normalizes
         return cls(
-            model_dir=d, model_type=model_type, vocab_size=field_of("vocab_size"), hidden_size=hidden,
-            num_layers=field_of("num_hidden_layers"), num_heads=num_heads,
+            model_dir=d, model_type=model_type, vocab_size=vocab, hidden_size=hidden,
+            num_layers=layers, num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads") or num_heads, head_dim=head_dim,
-            intermediate_size=field_of("intermediate_size"), max_position_embeddings=max_pos,
+            intermediate_size=inter, max_position_embeddings=max_pos,
             max_seq_length=max_len,
-            norm_eps=field_of("norm_eps", 1e-6 if model_type in DECODER_TYPES else 1e-12),
-            hidden_act=field_of("hidden_act", "gelu"), pad_token_id=raw.get("pad_token_id") or 0,
+            norm_eps=norm_eps, hidden_act=act, pad_token_id=raw.get("pad_token_id") or 0,
             type_vocab_size=raw.get("type_vocab_size", 0), position_offset=position_offset,
             rope_theta=_read_qwen3_rope_theta(raw, d) if model_type == "qwen3" else raw.get("rope_theta", 1_000_000.0),
             causal=causal,
-            pooling=pooling, normalize=normalize,
+            pooling=pooling, normalize=normalize, chain=chain,
             prompts=dict(st.get("prompts") or {}), default_prompt_name=st.get("default_prompt_name"),
             kind=kind, score_activation=activation, raw=raw,
         )
@@ -225,6 +285,47 @@ def _generic_fields(raw: dict, model_type: str, d: Path):
     return field_of
 
 
+def _sizes(raw: dict, d: Path) -> dict[str, int | None]:
+    """The model's sizes under the first of _SIZE_KEYS' names config.json has (or its text_config's);
+    the hidden size may also come from the pooling config. vocab_size and the hidden size are required."""
+    inner = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    out = {}
+    for name, keys in _SIZE_KEYS.items():
+        out[name] = next((c[k] for c in (raw, inner) for k in keys if isinstance(c.get(k), int)), None)
+    out["vocab_size"] = raw.get("vocab_size") or inner.get("vocab_size")
+    if not out["hidden_size"]:
+        out["hidden_size"] = _pooling_width(d)
+    for name in ("vocab_size", "hidden_size"):
+        if not out[name]:
+            raise ModelFolderError(f"{d / 'config.json'} has no {name} (nor {', '.join(_SIZE_KEYS.get(name, ()))})")
+    heads = out["num_heads"] or 1
+    out["num_heads"] = heads if out["hidden_size"] % heads == 0 else 1
+    out["num_layers"] = out["num_layers"] or 1
+    out["intermediate_size"] = out["intermediate_size"] or 4 * out["hidden_size"]
+    return out
+
+
+def _pooling_width(d: Path) -> int | None:
+    """The token embedding width a Pooling config names (for config.json files that name it otherwise)."""
+    modules = d / "modules.json"
+    if not modules.exists():
+        return None
+    for m in _read_json(modules):
+        path = d / m.get("path", "") / "config.json"
+        if str(m.get("type", "")).endswith("Pooling") and path.exists():
+            cfg = _read_json(path)
+            return cfg.get("embedding_dimension", cfg.get("word_embedding_dimension"))
+    return None
+
+
+def _read_chain(d: Path, hidden: int, default: str) -> SentenceChain:
+    try:
+        check_lowercase(d)
+        return read_chain(d, hidden, default)
+    except ChainError as e:
+        raise ModelFolderError(str(e)) from None
+
+
 def _is_bidirectional(raw: dict) -> bool:
     """Decoders are causal unless config.json says otherwise, in any of the spellings in use:
     use_bidirectional_attention (pplx-embed), is_causal false, is_bidirectional, attention_type."""
@@ -250,7 +351,8 @@ def _read_qwen3_rope_theta(raw: dict, d: Path) -> float:
 
 
 def validate_model_folder(d: Path) -> None:
-    """Refuse folders that cannot be served safely: no config, no safetensors, pickle-only weights."""
+    """Refuse folders that cannot be served safely: no config, no safetensors, pickle-only weights, no
+    tokenizer.json; each message says how to fix the folder."""
     if not d.is_dir():
         raise ModelFolderError(f"model folder {d} does not exist")
     if not (d / "config.json").exists():
@@ -263,42 +365,15 @@ def validate_model_folder(d: Path) -> None:
                 "safetensors only. Convert them (e.g. with safetensors' convert script) and retry.")
         raise ModelFolderError(f"{d} has no *.safetensors weight file")
     if not (d / "tokenizer.json").exists():
-        raise ModelFolderError(f"{d} has no tokenizer.json (the fast tokenizer file is required)")
+        raise ModelFolderError(
+            f"{d} has no tokenizer.json (the fast tokenizer's file, which rose tokenizes with). Write it from "
+            f"the folder's own tokenizer files: python -c \"from transformers import AutoTokenizer; "
+            f"AutoTokenizer.from_pretrained('{d}').save_pretrained('{d}')\"")
 
 
-def _read_pooling(d: Path, default: str) -> tuple[str, bool]:
-    """Pooling mode and normalization, from modules.json and the pooling module's config."""
-    modules_path = d / "modules.json"
-    if not modules_path.exists():
-        return default, False
-    pooling, normalize = default, False
-    for module in _read_json(modules_path):
-        kind = module.get("type", "")
-        if kind.endswith("Normalize"):
-            normalize = True
-        elif kind.endswith("Pooling"):
-            cfg_path = d / module.get("path", "") / "config.json"
-            if cfg_path.exists():
-                pooling = _pooling_mode(_read_json(cfg_path), cfg_path)
-    return pooling, normalize
-
-
-def _pooling_mode(cfg: dict, where: Path) -> str:
-    if cfg.get("pooling_mode"):
-        mode = {"mean": "mean", "cls": "cls", "lasttoken": "lasttoken"}.get(cfg["pooling_mode"])
-        if mode:
-            return mode
-    flags = {"mean": cfg.get("pooling_mode_mean_tokens"), "cls": cfg.get("pooling_mode_cls_token"),
-             "lasttoken": cfg.get("pooling_mode_lasttoken")}
-    chosen = [k for k, v in flags.items() if v]
-    others = [k for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                          "pooling_mode_weightedmean_tokens") if cfg.get(k)]
-    if others or len(chosen) != 1:
-        raise ModelFolderError(f"{where}: only one of mean / CLS / last-token pooling is supported, got {cfg}")
-    return chosen[0]
-
-
-def _read_max_seq_length(d: Path, fallback: int) -> int:
+def _read_max_seq_length(d: Path, fallback: int | None) -> int:
+    """sentence_bert_config.json's max_seq_length, else the tokenizer's model_max_length up to
+    `fallback` (the positions the model has; None: relative positions, 512 where nothing says)."""
     sb = d / "sentence_bert_config.json"
     if sb.exists():
         value = _read_json(sb).get("max_seq_length")
@@ -308,5 +383,5 @@ def _read_max_seq_length(d: Path, fallback: int) -> int:
     if tc.exists():
         value = _read_json(tc).get("model_max_length")
         if isinstance(value, int) and 0 < value < 1_000_000:
-            return min(value, fallback)
-    return fallback
+            return min(value, fallback) if fallback else value
+    return fallback or 512

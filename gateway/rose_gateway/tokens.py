@@ -1,7 +1,8 @@
 """What the gateway knows of the served model, from its Hugging Face folder and the deployment's
 `tokenize` settings: the tokenizer itself (rose_ensemble's TextTokenizer and LateChunker, the code
 the server's `tokenize` model runs, so the ids are exactly the ones `embed` would compute), the
-truncation length, whether it normalises, and its name.
+truncation length, whether it normalises, its embeddings' width (the sentence-transformers chain's
+output, after any Dense module) and its name.
 
     model = ModelInfo(folder)
     model.use_server_settings(config)        # Triton's `tokenize` model config: prompts, limits
@@ -53,6 +54,7 @@ class ModelInfo:
         self.folder = cfg.model_dir
         self.name = model_name(cfg.model_dir)
         self.normalizes = cfg.normalize
+        self.dimensions = cfg.embedding_dim  # the width of one embedding: the folder's chain's output (1: a reranker)
         self.is_embedding = cfg.kind == "embedding"
         self.folder_prompts = dict(cfg.prompts)
         self._use(TokenizeSettings(), None)

@@ -36,8 +36,9 @@ from rose_backend.layers.fp8 import quantize_for_fp8
 from rose_backend.models import build_model
 from rose_backend.models.heads import build_head
 from rose_backend.models.m3_heads import HeadsMissing, M3Heads
-from rose_backend.models.pooling import maybe_normalize, pool
+from rose_backend.models.pooling import pool
 from rose_backend.models.registry import attention_shape
+from rose_backend.models.st_chain import SentenceHead
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,14 @@ class Engine:
         self.stream = self.streams.stream           # None: the calling thread's current stream
         if weights_from is not None:
             self.model, self.heads, self.head = weights_from.model, weights_from.heads, weights_from.head
+            self.chain = weights_from.chain
         else:
             self.model = build_model(cfg, self.device, self.dtype, "sdpa_loop")
             quantize_for_fp8(self.model, self.device, o.fp8_min_tokens)         # dtype=fp8 (None: nothing)
             self.heads = M3Heads.from_folder(cfg.model_dir, cfg.hidden_size, self.device)   # None: no heads
             self.head = build_head(cfg, self.device)        # rerankers: pooled [S, H] -> scores [S, 1]
+            # embeddings: pooled [S, k x H] -> Dense modules -> Normalize, as the folder's modules.json says
+            self.chain = SentenceHead.from_chain(cfg.chain, self.device) if self.head is None else None
         self.type_stride = cfg.max_positions if cfg.uses_token_types else 0
         self._backends: dict[str, AttentionBackend] = {}
         if self.attention is not None:
@@ -279,8 +283,8 @@ class Engine:
     def _forward(self, v: DeviceViews, want: frozenset = frozenset()):
         hidden = self.model(v.ids, v.pos)                                     # [Tb, H]
         # empty slots and an empty dummy start at row Tb: clamp so CLS gathers stay in bounds
-        cu = v.cu.clamp(max=v.ids.shape[0] - 1) if self.cfg.pooling == "cls" else v.cu
-        emb = self._output(pool(hidden, cu, v.seq, v.inv, self.cfg.pooling))  # [Sb + 1, D] float32
+        cu = v.cu.clamp(max=v.ids.shape[0] - 1) if "cls" in self.cfg.pooling else v.cu
+        emb = self._output(pool(hidden, cu, v.seq, v.inv, self.cfg.pooling, v.pos))  # [Sb + 1, D] float32
         if not want:
             return emb
         return (emb, *self._token_rows(hidden, want))
@@ -293,8 +297,9 @@ class Engine:
         return rows
 
     def _output(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Pooled [S, H] float32 -> embeddings [S, H] (normalized if the folder says) or scores [S, 1]."""
-        return self.head(pooled) if self.head is not None else maybe_normalize(pooled, self.cfg.normalize)
+        """Pooled [S, k x H] float32 -> embeddings [S, D] (the folder's Dense and Normalize modules) or
+        scores [S, 1]."""
+        return self.head(pooled) if self.head is not None else self.chain(pooled)
 
     def _run_unpadded(self, batch: PackedBatch, slot: Slot, want: frozenset = frozenset()):
         """Eager on exact shapes: the CPU path, and batches larger than every bucket."""
@@ -316,7 +321,7 @@ class Engine:
         be.plan(AttentionMetadata(cu, batch.max_seqlen, lens.tolist(), self.cfg.causal,
                                   cu_seqlens_host=cu_host))
         hidden = self.model(ids, positions)                                   # [T, H]
-        emb = self._output(pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling))   # [S, D] float32
+        emb = self._output(pool(hidden, cu, seq_ids, inv_lens, self.cfg.pooling, positions))   # [S, D] float32
         if not want:
             return emb
         return (emb, *self._token_rows(hidden, want))

@@ -11,7 +11,8 @@ The parts (bytes; b = bytes per element of the engine's dtype):
                  head, pooler, classifier, position ids, BERT's token-type table, folded into the
                  positions) and with the position table as the engine holds it (max_positions rows
                  per token type); plus Qwen3's RoPE table (float32, positions x head_dim), BGE-M3's
-                 sparse / ColBERT heads and rerankers' score heads (float32).
+                 sparse / ColBERT heads, rerankers' score heads and the sentence-transformers chain's
+                 Dense modules (float32, as their model.safetensors headers list them).
     graphs       the cap on the CUDA-graph pool (`graph_memory_cap_bytes`; graph_cache.py); graphs
                  on and no cap: one graph of the largest batch (its activations); graphs off: 0.
     workspace    the attention backends' own device buffers (flashinfer: float + int workspace,
@@ -160,6 +161,8 @@ def weight_bytes(cfg: ModelConfig, elt: int) -> int:
         total += 2 * h * 4
     for path in head_files(cfg.model_dir).values():                 # BGE-M3 heads, float32
         total += (_head_rows(path) * (h + 1)) * 4
+    for dense in cfg.chain.dense if cfg.chain is not None and not cfg.is_reranker else ():   # float32
+        total += sum(_numel(s) for s in safetensors_shapes(dense.folder / "model.safetensors").values()) * 4
     return total
 
 

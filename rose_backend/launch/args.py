@@ -35,6 +35,10 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
                    help="model kind of --model: auto (default: detected from the folder), embedding, cross-encoder, "
                         "qwen3-reranker; a reranker serves `rerank` instead of `embed` (a --reranker "
                         "folder's kind is always detected)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   default=env.get("TRUST_REMOTE_CODE", "").strip().lower() in ("1", "true", "yes", "on"),
+                   help="run a model folder's own modeling code (config.json's auto_map) inside the server, on the "
+                        "fallback engine (default: off, and such a folder is refused; also TRUST_REMOTE_CODE=1)")
     p.add_argument("--verbose", type=int, default=0, help="tritonserver --log-verbose level")
     p.add_argument("--gateway-port", type=int, default=int(env.get("GATEWAY_PORT") or 8080),
                    help="port of the OpenAI-compatible HTTP gateway (default 8080; 0: no gateway)")

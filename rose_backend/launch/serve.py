@@ -29,6 +29,7 @@ import time
 
 from rose_backend.launch.args import parse_args
 from rose_backend.launch.banner import banner
+from rose_backend.engine.choice import TRUST_VARIABLE, check_engine
 from rose_backend.launch.deployment import Ports
 from rose_backend.launch.gateway import GatewayProcess
 from rose_backend.launch.gateway_watch import GatewayFailed, GatewayWatch
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.kind:
         os.environ["ROSE_MODEL_KIND"] = args.kind
+    if args.trust_remote_code:
+        os.environ[TRUST_VARIABLE] = "1"
     warning = exposure_warning(args.address, keys.api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -98,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     base = Ports(args.grpc_port, args.http_port, args.metrics_port)
     servers = []
     from rose_backend.config import ModelFolderError
+    try:
+        check_engine(args.model, os.environ.get("ROSE_MODEL_KIND") or None, os.environ)
+        if args.reranker:
+            check_engine(args.reranker, "auto", os.environ)
+    except ModelFolderError as e:               # the folder's problem in one line, no traceback
+        print(f"rose: {e}", file=sys.stderr)
+        return 1
     for i in range(replicas):
         env = dict(os.environ)
         if gpus:

@@ -15,56 +15,20 @@ file has), less the heads the native files do not run (a decoder's sequence-clas
 from __future__ import annotations
 
 import importlib
-import re
 
-from rose_backend.config import (DECODER_FAMILIES, DECODER_TYPES, ENCODER_FAMILIES, ENCODER_TYPES, QWEN3_ALIASES,
-                                 ModelConfig, ModelFolderError, family_of)
+from rose_backend.config import DECODER_FAMILIES, ENCODER_FAMILIES, ModelConfig, ModelFolderError
+from rose_backend.model_families import native_family, supported_types, why_not_native  # noqa: F401 (re-exported)
 
 # family (config.py) -> the class in rose_backend/models/<family>.py
 MODEL_CLASSES = {"bert": "BertEncoder", "distilbert": "DistilBertEncoder", "mpnet": "MPNetEncoder",
                  "modernbert": "ModernBertEncoder", "qwen3": "Qwen3Decoder", "llama": "LlamaDecoder",
                  "gemma3": "Gemma3Decoder"}
-# model_type -> the prefixes of transformers' class names for it (its `architectures` entries)
-CLASS_PREFIXES = {"bert": ("Bert",), "roberta": ("Roberta",), "xlm-roberta": ("XLMRoberta",),
-                  "camembert": ("Camembert",), "distilbert": ("DistilBert",), "mpnet": ("MPNet",),
-                  "modernbert": ("ModernBert",), "qwen3": ("Qwen3",), "qwen2": ("Qwen2",),
-                  "llama": ("Llama",), "mistral": ("Mistral",), "gemma3_text": ("Gemma3",)}
-# what follows the prefix in transformers' class names: the base model or a head (BertForMaskedLM, Gemma3TextModel)
-CLASS_SUFFIX = re.compile(r"(Text)?(Model|For[A-Z][A-Za-z]*)")
 assert set(MODEL_CLASSES) == set(ENCODER_FAMILIES) | set(DECODER_FAMILIES)
-assert set(CLASS_PREFIXES) == set(ENCODER_TYPES) | set(DECODER_TYPES)
-
-
-def native_family(model_type: str, architectures: list[str] | tuple[str, ...] | None = None) -> str | None:
-    """The native family serving this model_type / architectures (its file under rose_backend/models),
-    or None where no native file implements them (another engine, or a refusal, must serve the folder)."""
-    return None if _why_not_native(model_type, architectures) else family_of(model_type)
-
-
-def supported_types() -> tuple[str, ...]:
-    """Every config.json model_type a native file serves."""
-    return ENCODER_TYPES + DECODER_TYPES + tuple(QWEN3_ALIASES)
-
-
-def _why_not_native(model_type: str, architectures) -> str | None:
-    if model_type in QWEN3_ALIASES:             # a known folder whose own class names vary
-        model_type, architectures = QWEN3_ALIASES[model_type], ()
-    if family_of(model_type) is None:
-        return f"model_type {model_type!r} has no native model file (native: {', '.join(supported_types())})"
-    for arch in architectures or ():
-        if not any(arch.startswith(p) and CLASS_SUFFIX.fullmatch(arch[len(p):]) for p in CLASS_PREFIXES[model_type]):
-            return (f"architecture {arch!r} is not one of transformers' {model_type} classes "
-                    f"({' / '.join(p + '*' for p in CLASS_PREFIXES[model_type])}): the folder brings its own "
-                    "modeling code, which the native file does not implement")
-        if model_type in DECODER_TYPES and arch.endswith("ForSequenceClassification"):
-            return (f"architecture {arch!r}: a decoder's sequence-classification score (at the last "
-                    "non-padding token) is not served natively")
-    return None
 
 
 def model_class(cfg: ModelConfig) -> type:
     """The PackedModel subclass of cfg's family; ModelFolderError naming why where none serves it."""
-    why = _why_not_native(cfg.raw.get("model_type") or cfg.model_type, cfg.raw.get("architectures"))
+    why = why_not_native(cfg.raw.get("model_type") or cfg.model_type, cfg.raw.get("architectures"))
     if why:
         raise ModelFolderError(f"{cfg.model_dir}: {why}")
     family = cfg.family

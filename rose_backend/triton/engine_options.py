@@ -36,6 +36,13 @@ def query_engine_for(choice: str, main, options: EngineOptions, warn):
     from rose_backend.engine.engine import Engine
     if not (choice == "on" or (choice == "auto" and main.device.type == "cuda")):
         return None
+    if not getattr(main, "supports_query_lane", True):       # the fallback engine (transformers) has none
+        if choice == "on":
+            raise ValueError(f"interactive_stream=on: model_type {main.cfg.model_type!r} runs on the fallback "
+                             "engine, which has no query lane; use auto or off")
+        warn(f"rose: no query lane (interactive_stream=auto): model_type {main.cfg.model_type!r} runs on the "
+             "fallback engine, which has none")
+        return None
     try:
         return Engine(main.cfg, main.device, query_options(options, main.budget.total), weights_from=main)
     except MemoryBudgetExceeded as e:

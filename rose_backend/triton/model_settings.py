@@ -104,6 +104,7 @@ class RoseSettings(ModelSettings):
 
     model_dir: str = ""
     model_kind: str = ""
+    trust_remote_code: str = ""
     device: str = "auto"
     dtype: str = ""
     fp8_min_tokens: int = 0
@@ -141,6 +142,9 @@ class RoseSettings(ModelSettings):
             raise ValueError(f"model 'rose': parameter 'host_memory_trim' must be one of "
                              f"{', '.join(HostMemoryTrimmer.MODES)}, got {self.host_memory_trim!r}")
         parse_bulk_batch_ms(self.bulk_batch_ms)
+        if self.trust_remote_code.lower() not in ("", "true", "false"):
+            raise ValueError(f"model 'rose': parameter 'trust_remote_code' must be true, false or empty "
+                             f"($ROSE_TRUST_REMOTE_CODE), got {self.trust_remote_code!r}")
         if self.dtype and self.dtype not in DTYPES:
             raise ValueError(f"model 'rose': parameter 'dtype' must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         self.precapture_configs       # parses, or says what is wrong

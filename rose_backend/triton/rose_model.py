@@ -82,8 +82,6 @@ class RoseModel(DecoupledModel):
             raise pb_utils.TritonModelException(f"rose: cannot start: {e}") from e
         self.metrics = PolledMetrics(args, self, _COUNTERS, _GAUGES, labelled=[*lane_series(), *_BUDGET],
                                      histograms=lane_histograms())
-        log.info("rose: %s (%s) on %s, %d-dim output, pooling=%s normalize=%s", cfg.model_dir, cfg.kind, device,
-                 cfg.embedding_dim, cfg.pooling, cfg.normalize)
         gc.collect()
         gc.freeze()      # start-up objects (weights' modules, tables) leave the collector's scans
 
@@ -92,12 +90,18 @@ class RoseModel(DecoupledModel):
         (auto: on a GPU, where it fits in what the main engine leaves of the memory limit), on the main
         engine's weights; returns it, or None. Sets self.memory_limit and self.budget (what the engines
         hold), and logs each engine's budget."""
-        from rose_backend.engine.engine import Engine
+        from rose_backend.engine.choice import startup_line
+        from rose_backend.engine.factory import build_engine, trust_remote_code
         from rose_backend.engine.memory_budget import MIB
         from rose_backend.triton.engine_options import engine_options, query_engine_for
         options = engine_options(s, cfg, device)
         self.memory_limit = options.memory_limit_bytes          # None: no check
-        self.engine = Engine(cfg, device, options)
+        self.engine, choice = build_engine(cfg, device, options, trust_remote_code=trust_remote_code(s.trust_remote_code))
+        self.late_chunking_refusal = cfg.chain.late_chunking_refusal() if cfg.chain is not None else None
+        dtype = str(self.engine.dtype).removeprefix("torch.")
+        if options.fp8_min_tokens is not None:
+            dtype += f" (FP8 projections from {options.fp8_min_tokens} tokens)"
+        pb_utils.Logger.log_info(startup_line(cfg, choice, dtype, device))
         self.budget = self.engine.budget
         limit = "none" if self.memory_limit is None else f"{self.memory_limit / MIB:.0f} MiB"
         pb_utils.Logger.log_info(f"rose: memory budget on {device}: {self.engine.budget.describe()} (limit {limit})")
@@ -221,6 +225,8 @@ class RoseModel(DecoupledModel):
         """The request's outputs (`requested`: the names it gives), DIMENSIONS, ENCODING, late chunking
         and token counts (serving/outputs.py, serving/output_choice.py); ValueError if bad."""
         choice = params.get("outputs")
+        if self.late_chunking_refusal and "TOKEN_CHUNKS" in inputs:
+            raise ValueError(self.late_chunking_refusal)
         dims, enc = inputs.get("DIMENSIONS"), inputs.get("ENCODING")
         opts = parse_options(requested, None if choice is None else str(choice),
                              None if dims is None else dims.as_numpy(), None if enc is None else enc.as_numpy(),
