@@ -25,6 +25,7 @@ RANKS = [("rose_client", 0),                  # the client: gRPC streaming, bala
          ("rose_backend.config", 1), ("rose_backend.loading", 1), ("rose_backend.model_kind", 1),
          ("rose_backend.st_folder", 1),       # the sentence-transformers chain a folder declares (config reads it)
          ("rose_backend.model_families", 1),  # which model_type / architectures a native file serves (torch-free)
+         ("rose_backend.model_folder", 1),    # where the folder is and whether it can be served
          ("rose_backend.processes", 1),       # port check, parent death, owned folders: launcher and gateway
          ("rose_backend.layers", 2), ("rose_backend.models", 3), ("rose_backend.engine", 4),
          ("rose_backend.serving", 5),         # the serving core: pool, scheduler, completion (no Triton)

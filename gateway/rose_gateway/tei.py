@@ -28,134 +28,27 @@ POST /v1/embeddings sends them: /embed is served past Starlette like it (direct.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import orjson
 
 from rose_client.async_client import drive
-from rose_client.contract import INT32_MAX
 from rose_client.encoded import Ask
 from rose_client.token_requests import ragged_chunks
 from rose_gateway import stages
-from rose_gateway.embeddings import _is_int, _kind, _show, lane_of, loads
+from rose_gateway import tei_model
+from rose_gateway.embeddings import _kind, lane_of, loads
+from rose_gateway.tei_requests import TeiInputs, dimensions, direction, dumps, flag, parse_inputs, tei_order, unit_rows
 from rose_gateway.errors import ApiError, bad_request, empty_batch, not_for_this_model, too_large, unavailable
 from rose_gateway.rerank import RerankRequest
 
-DIRECTIONS = {"right": False, "Right": False, "left": True, "Left": True}    # -> truncate on the left
-POOLING_NAMES = {"lasttoken": "last_token"}                                    # rose's name -> TEI's
 SPARSE_HEADS = ("sparse_linear.pt", "sparse_linear.safetensors")
 INFO_CACHE_S = 30.0
 _INPUT_INDEX = re.compile(r"input\[(\d+)\]")     # how the shared tokenizer names a text
 MAX_REQUEST_SEQS = 4096         # `rose`'s default, while no replica has reported its own
-
-
-@dataclass(slots=True)
-class TeiInputs:
-    """A TEI request's `inputs`: texts and token-id lists in their order, and its options."""
-    items: list                     # str or list[int] each
-    truncate: bool
-    left: bool                      # truncation_direction left
-    prompt_name: str | None
-    lane: str | None
-
-    @property
-    def texts_only(self) -> bool:
-        return all(isinstance(x, str) for x in self.items)
-
-
-def parse_inputs(body: object, max_inputs: int, name: str = "inputs") -> TeiInputs:
-    """TEI's Input: a string, one list of token ids, or a list of strings and token-id lists."""
-    if not isinstance(body, dict):
-        raise bad_request("body", "the request body must be a JSON object")
-    if name not in body:
-        raise bad_request(name, f"missing field `{name}` (a string, a list of token ids, or a list of strings "
-                                "and token-id lists)")
-    value = body[name]
-    if isinstance(value, str):
-        items = [value]
-    elif isinstance(value, list) and value and _is_int(value[0]):
-        items = [value]                                       # one sequence of token ids
-    elif isinstance(value, list):
-        items = value
-    else:
-        raise bad_request(name, f"`{name}` must be a string or a list, got {_kind(value)}")
-    if not items:
-        raise empty_batch(name)
-    if len(items) > max_inputs:
-        raise too_large(name, f"batch size {len(items)} > maximum allowed batch size {max_inputs}")
-    for i, x in enumerate(items):
-        where = name if len(items) == 1 and value is not items else f"{name}[{i}]"
-        if isinstance(x, str):
-            if not x:
-                raise empty_batch(where)
-        elif isinstance(x, list):
-            if not x:
-                raise empty_batch(where)
-            for j, t in enumerate(x):
-                if not _is_int(t) or not 0 <= t <= INT32_MAX:
-                    raise bad_request(where, f"{where}[{j}] = {_show(t)} is not a token id (an integer from 0 to "
-                                             f"{INT32_MAX})")
-        else:
-            raise bad_request(where, f"{where} is {_kind(x)}; `{name}` holds strings and lists of token ids")
-    return TeiInputs(items, flag(body, "truncate", True), direction(body), prompt_name(body), lane_of(body))
-
-
-def flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(name, f"`{name}` must be true or false, got {_show(value)}")
-    return value
-
-
-def direction(body: dict) -> bool:
-    """truncation_direction: True for left."""
-    value = body.get("truncation_direction")
-    if value is None:
-        return False
-    if value not in DIRECTIONS:
-        raise bad_request("truncation_direction", f"`truncation_direction` must be \"right\" or \"left\", got "
-                                                  f"{_show(value)}")
-    return DIRECTIONS[value]
-
-
-def prompt_name(body: dict) -> str | None:
-    value = body.get("prompt_name")
-    if value is not None and (not isinstance(value, str) or not value):
-        raise bad_request("prompt_name", f"`prompt_name` must be a non-empty string, got {_show(value)}")
-    return value
-
-
-def dimensions(body: dict) -> int | None:
-    value = body.get("dimensions")
-    if value is None:
-        return None
-    if not _is_int(value) or value < 1:
-        raise bad_request("dimensions", f"`dimensions` should be a positive integer, got {_show(value)}")
-    return value
-
-
-def tei_order(scores: np.ndarray) -> list[int]:
-    """Best first, as TEI orders: a stable ascending sort, reversed (of equal scores the later index first)."""
-    return np.argsort(scores, kind="stable")[::-1].tolist()
-
-
-def unit_rows(emb: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(emb, axis=1, keepdims=True)
-    return np.ascontiguousarray(emb / np.maximum(norms, 1e-12), dtype=np.float32)
-
-
-def dumps(value) -> bytes:
-    """JSON of lists, dicts and float32 arrays (orjson writes an array's floats straight from it)."""
-    if isinstance(value, np.ndarray):
-        value = np.ascontiguousarray(value)
-    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 class Tei:
@@ -163,7 +56,7 @@ class Tei:
 
     def __init__(self, gw):
         self.gw = gw
-        self.version = _version()
+        self.version = tei_model.version()
         self._info: tuple[float, dict] | None = None
         self._params: tuple[float, dict] | None = None
 
@@ -405,87 +298,17 @@ class Tei:
 
     # ------------------------------------------------------------------------- POST /tokenize, /decode
     def tokenize(self, body: object) -> bytes:
-        if not isinstance(body, dict):
-            raise bad_request("body", "the request body must be a JSON object")
-        inputs = body.get("inputs")
-        texts = [inputs] if isinstance(inputs, str) else inputs
-        if not isinstance(texts, list) or any(not isinstance(t, str) for t in texts):
-            raise bad_request("inputs", "`inputs` must be a string or a list of strings")
-        if not texts:
-            raise empty_batch("inputs")
-        if len(texts) > self.gw.settings.max_inputs:
-            raise too_large("inputs", f"batch size {len(texts)} > maximum allowed batch size "
-                                      f"{self.gw.settings.max_inputs}")
-        special = flag(body, "add_special_tokens", True)
-        model = self.gw.model
-        try:
-            model.check_task(prompt_name(body))
-            prompt = model.tokenizer.prompt_for(prompt_name(body))
-        except (ApiError, ValueError) as e:
-            raise bad_request("prompt_name", str(e).replace("task / prompt name", "prompt_name")) from None
-        if prompt:
-            texts = [prompt + t for t in texts]
-        encodings = model.untruncated().encode_batch(texts, add_special_tokens=special)
-        return dumps([_simple_tokens(e, t) for e, t in zip(encodings, texts)])
+        return tei_model.tokenize(self.gw, body)
 
     def decode(self, body: object) -> bytes:
-        if not isinstance(body, dict):
-            raise bad_request("body", "the request body must be a JSON object")
-        ids = body.get("ids")
-        if not isinstance(ids, list):
-            raise bad_request("ids", "missing field `ids` (a list of token ids, or a list of such lists)"
-                              if ids is None else f"`ids` must be a list, got {_kind(ids)}")
-        if not ids:
-            raise empty_batch("ids")
-        batch = ids if isinstance(ids[0], list) else [ids]
-        if len(batch) > self.gw.settings.max_inputs:
-            raise too_large("ids", f"batch size {len(batch)} > maximum allowed batch size "
-                                   f"{self.gw.settings.max_inputs}")
-        tok = self.gw.model.untruncated()
-        vocab = tok.get_vocab_size(with_added_tokens=True)
-        for i, one in enumerate(batch):
-            if not isinstance(one, list):
-                raise bad_request(f"ids[{i}]", f"ids[{i}] is {_kind(one)}; a batch of ids holds lists of token ids")
-            if not one:
-                raise empty_batch(f"ids[{i}]")
-            for j, t in enumerate(one):
-                if not _is_int(t) or not 0 <= t < vocab:
-                    raise bad_request(f"ids[{i}]", f"ids[{i}][{j}] = {_show(t)} is not a token id of this model "
-                                                   f"(0 to {vocab - 1})")
-        skip = flag(body, "skip_special_tokens", True)
-        return dumps(tok.decode_batch(batch, skip_special_tokens=skip))
+        return tei_model.decode(self.gw, body)
 
     # ------------------------------------------------------------------------- GET /info
     async def info(self) -> bytes:
         now = time.monotonic()
         if self._info is None or now - self._info[0] > INFO_CACHE_S:
-            self._info = (now, await self._build_info())
+            self._info = (now, tei_model.info(self.gw, await self._rose_params(), self.version))
         return dumps(self._info[1])
-
-    async def _build_info(self) -> dict:
-        gw, model, s = self.gw, self.gw.model, self.gw.settings
-        cfg = model.config
-        params = await self._rose_params()
-        if model.is_embedding:
-            kind = {"embedding": {"pooling": POOLING_NAMES.get(cfg.pooling, cfg.pooling)}}
-        else:
-            id2label = {str(k): str(v) for k, v in (cfg.raw.get("id2label") or {"0": "LABEL_0"}).items()}
-            kind = {"reranker": {"id2label": id2label, "label2id": {v: int(k) for k, v in id2label.items()}}}
-        batch_tokens = params.get("max_batch_tokens")
-        from rose_gateway.protocol import default_max_connections
-        return {
-            "model_id": model.name, "model_sha": None,
-            "model_dtype": params.get("dtype") or "auto",
-            "served_model_name": gw.name, "model_type": kind,
-            "max_concurrent_requests": default_max_connections(s.max_connections),
-            "max_input_length": model.max_seq_length,
-            "max_batch_tokens": int(batch_tokens) if batch_tokens and batch_tokens.isdigit() else s.max_request_tokens,
-            "max_batch_requests": None,
-            "max_client_batch_size": s.max_inputs,
-            "auto_truncate": True,
-            "tokenization_workers": s.workers,
-            "version": self.version, "sha": None, "docker_label": None,
-        }
 
     async def _rose_params(self) -> dict[str, str]:
         """The `rose` model's parameters as Triton reports them ({} while no replica answers), cached."""
@@ -501,28 +324,3 @@ class Tei:
     def _count(self, lens: np.ndarray) -> None:
         self.gw.metrics.inputs.inc(len(lens))
         self.gw.metrics.tokens.inc(int(lens.sum(dtype=np.int64)))
-
-
-def _simple_tokens(encoding, text: str) -> list[dict]:
-    """TEI's SimpleToken list: special tokens with their token text and no offsets, the others with
-    the text they cover and its byte offsets in `text` (TEI's offsets are the Rust tokenizer's bytes)."""
-    ascii_only = text.isascii()
-    if not ascii_only:
-        to_byte = np.zeros(len(text) + 1, np.int64)
-        np.cumsum([len(c.encode("utf-8")) for c in text], out=to_byte[1:])
-    out = []
-    for i, (tid, (a, b), sp, tok) in enumerate(zip(encoding.ids, encoding.offsets, encoding.special_tokens_mask,
-                                                   encoding.tokens)):
-        if sp:
-            out.append({"id": tid, "text": tok, "special": True, "start": None, "stop": None})
-        else:
-            start, stop = (a, b) if ascii_only else (int(to_byte[a]), int(to_byte[b]))
-            out.append({"id": tid, "text": text[a:b], "special": False, "start": start, "stop": stop})
-    return out
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("rose-embeddings")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.1.0"

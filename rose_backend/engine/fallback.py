@@ -137,7 +137,7 @@ class FallbackEngine:
             extras = {"hidden": hidden} if hidden is not None else {}
             fits = s <= slot.out.shape[0]
             lt = LazyTensor.launch(out, s, host=slot.out_rows(s) if fits else None, event=slot.done if fits else None,
-                                   extras=extras, copy_extras=False)
+                                   extras=extras, static=False)        # out and hidden: this step's own
         slot.lt = lt
         return lt
 

@@ -38,7 +38,7 @@ def test_rerank_matches_cross_encoder_in_teis_order(served):
 
 def test_equal_scores_in_teis_order():
     """TEI sorts ascending (a stable sort) and reverses: of equal scores the later index comes first."""
-    from rose_gateway.tei import tei_order
+    from rose_gateway.tei_requests import tei_order
     assert tei_order(np.array([0.5, 0.9, 0.5, 0.1, 0.9], np.float32)) == [4, 1, 2, 0, 3]
 
 

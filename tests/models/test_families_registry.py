@@ -46,10 +46,16 @@ def tiny(tmp_path_factory):
     return lambda shape: make_folder(shape, tmp_path_factory.getbasetemp() / "registry" / shape)
 
 
-def test_an_unknown_model_type_is_refused_naming_every_supported_one(tiny, tmp_path):
+def test_an_unknown_model_type_has_no_native_file_and_is_named_as_such(tiny, tmp_path):
+    """No native file: the fallback engine serves it (engine/choice.py); the registry refuses to build
+    a native model for it, naming every supported type."""
+    from rose_backend.engine.choice import engine_choice
+    from rose_backend.models.registry import model_class, native_family
     folder = _folder(tmp_path, tiny("tiny-mpnet"), model_type="t5")
-    with pytest.raises(ModelFolderError, match="model_type 't5' is not supported") as e:
-        ModelConfig.from_folder(folder)
+    cfg = ModelConfig.from_folder(folder)
+    assert native_family("t5") is None and engine_choice(cfg).engine == "fallback"
+    with pytest.raises(ModelFolderError, match="model_type 't5' has no native model file") as e:
+        model_class(cfg)
     assert all(repr(t) in str(e.value) or t in str(e.value) for t in ENCODER_TYPES + DECODER_TYPES), str(e.value)
 
 
