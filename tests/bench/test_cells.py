@@ -81,11 +81,15 @@ def test_a_short_run_on_the_cpu_writes_its_json_and_compares_with_itself(tmp_pat
     assert len(got["cells"]["openai-16-c1"]["metrics"]["req_per_s"]) == 2 and got["cells"]["online-16"]["value"]["p50_ms"] > 0
     same = run_cells("--compare", str(path), "--baseline", str(path))
     assert same.returncode == 0 and same.stdout.count("| same |") == 4, same.stdout + same.stderr
-    fast = json.loads(path.read_text())
-    for entry in fast["cells"].values():
-        entry["metrics"] = {m: [v / 2 if cells.BETTER[m] == "lower" else v * 2 for v in reps]
-                            for m, reps in entry["metrics"].items()}
-    cells.summarize(fast)
+    # the run's values without its noise (a loaded host's reps may differ by half), and a baseline
+    # twice as good: every cell is worse
+    steady, fast = json.loads(path.read_text()), json.loads(path.read_text())
+    for run, factor in ((steady, 1.0), (fast, 2.0)):
+        for entry in run["cells"].values():
+            entry["metrics"] = {m: [entry["value"][m] / factor if cells.BETTER[m] == "lower" else entry["value"][m] * factor] * 2
+                                for m in entry["metrics"]}
+        cells.summarize(run)
+    (tmp_path / "steady.json").write_text(json.dumps(steady))
     (tmp_path / "fast.json").write_text(json.dumps(fast))
-    worse = run_cells("--compare", str(path), "--baseline", str(tmp_path / "fast.json"))
+    worse = run_cells("--compare", str(tmp_path / "steady.json"), "--baseline", str(tmp_path / "fast.json"))
     assert worse.returncode == 1 and "online-16, openai-16-c1, tei-16-c4" in worse.stderr, worse.stdout + worse.stderr
