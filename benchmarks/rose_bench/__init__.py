@@ -20,12 +20,14 @@
     python -m rose_bench cells --model bge-m3 --baseline B.json # every workload cell, twice, against a baseline
     python -m rose_bench merge OUT.json RUN.json ...       # join end-to-end runs of one model
     python -m rose_bench render-readme                     # README's Performance section from the JSON
-    python -m rose_bench charts RESULT.json                # redraw one run's charts
+    python -m rose_bench charts                            # docs/images/: a results chart per shape, the request path
+    python -m rose_bench charts RESULT.json                # redraw one run's per-workload charts
     python -m rose_bench perf-inputs --vocab 250002        # perf_analyzer input files
 
 `python -m rose_bench SUBCOMMAND --help` describes each. Each writes into its --out; the
 results kept in the repository are benchmarks/results/<bench>/<model>-<gpu>.json (benchmarks/results/README.md).
-Install with the project's `bench` extra (pip install -e ".[bench]") and run from the repository
-root: random-weight model folders come from rose_testing there (not installed); the benchmarks' own
-model repositories are benchmarks/repositories/.
+rose_bench is its own distribution, not part of the product (benchmarks/pyproject.toml): install it
+with `pip install -e ./benchmarks` beside the project and the client (make test installs all three)
+and run from the repository root: random-weight model folders come from rose_testing there (not
+installed); the benchmarks' own model repositories are benchmarks/repositories/.
 """

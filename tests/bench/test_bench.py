@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,20 @@ def test_every_benchmark_is_a_subcommand():
         tree = ast.parse((ROOT / "benchmarks" / "rose_bench" / f"{module}.py").read_text())
         mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
         assert mains and mains[0].args.args, (name, module)
+
+
+def test_the_benchmarks_are_their_own_distribution_not_the_products():
+    """rose_bench is installed from benchmarks/pyproject.toml (make test does), never packed into the
+    product's wheel (the root pyproject.toml) or its image (docker/Dockerfile)."""
+    product = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "rose_bench" not in product["tool"]["setuptools"]["packages"]
+    assert "rose_bench" not in product["tool"]["setuptools"]["package-dir"]
+    assert "bench" not in product["project"]["optional-dependencies"]
+    bench = tomllib.loads((ROOT / "benchmarks" / "pyproject.toml").read_text())
+    assert bench["project"]["name"] == "rose-bench" and bench["tool"]["setuptools"]["packages"] == ["rose_bench"]
+    copies = [line for line in (ROOT / "docker" / "Dockerfile").read_text().splitlines() if line.startswith(("COPY", "ADD"))]
+    assert copies and not [line for line in copies if "benchmarks" in line], copies
+    assert "pip install -q -e ./benchmarks" in (ROOT / "Makefile").read_text()
 
 
 def test_perf_analyzer_input_data(tmp_path):
