@@ -3,6 +3,7 @@ shape (rose's cells from benchmarks/results/e2e, the peers' from rose_bench/publ
 request path (the `embed` ensemble's steps from the model repository). The bars show the JSON's and
 the published numbers, and the figure follows the repository it is drawn from."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +23,9 @@ def _result(model: str) -> dict:
 
 
 def test_the_command_writes_every_picture_small(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
     p = subprocess.run([sys.executable, "-m", "rose_bench", "charts", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=180, cwd=ROOT)
+                       capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert sorted(f.name for f in tmp_path.iterdir()) == PICTURES
     for name in PICTURES:
