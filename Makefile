@@ -57,9 +57,10 @@ $(VENV)/.installed: pyproject.toml client/pyproject.toml
 client-cli: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e "./client[cli]"
 
-$(VENV)/.test-installed: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[test,bench,gateway]"
+$(VENV)/.test-installed: $(VENV)/.installed benchmarks/pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[test,gateway]"
 	$(BIN)/python -m pip install -q -e "./client[cli,tokenizer]"
+	$(BIN)/python -m pip install -q -e ./benchmarks   # rose_bench (benchmarks/pyproject.toml), not in the product's wheel
 	@touch $@
 
 # exec: the launcher's parent is make itself, so killing make (even SIGKILL) stops the servers.

@@ -14,7 +14,10 @@ if [ -f .gpu/stub-numpy.tar.xz ]; then
   mkdir -p /tmp/stub-site && xz -dc .gpu/stub-numpy.tar.xz | tar -xf - -C /tmp/stub-site
   export ROSE_STUB_SITE=/tmp/stub-site
 fi
-# the gateway's wheels where they were carried in .whl/ (gateway.sh says how to download them)
+# the gateway's wheels where they were carried in .whl/, downloaded (Python 3.12) on a machine with a registry:
+#   pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 starlette==0.47.3 uvicorn==0.35.0 httptools==0.6.4 uvloop==0.21.0 \
+#     orjson==3.11.3 prometheus_client==0.22.1
 if [ -d .whl ] && ! python3 -c "import starlette, uvicorn, httptools, orjson, prometheus_client" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps .whl/*.whl
 fi

@@ -9,14 +9,13 @@ import rose_bench
 # subcommand -> module of rose_bench whose main(argv) runs it (imported only when chosen: the
 # GPU benchmarks need torch and CUDA, merge and render-readme need neither)
 SUBCOMMANDS = {
-    "e2e": "e2e", "multi-gpu": "multi_gpu", "engine": "engine_bench", "qwen3": "qwen3_bench",
+    "e2e": "e2e", "multi-gpu": "multi_gpu", "engine": "engine_bench",
     "attention-sweep": "attention_sweep", "merge": "merge", "render-readme": "render_readme",
     "charts": "charts", "perf-inputs": "perf", "forward-profile": "forward_profile",
-    "host-path": "host_path", "gemm-sweep": "gemm_sweep", "tail": "tail", "tokenizers": "tokenizers_bench",
-    "lanes": "lanes", "http": "http", "gateway": "gateway", "gateway-cpu": "gateway_cpu",
-    "tokenize": "tokenize_stage",
-    "readiness": "readiness", "soak": "soak", "retrieval": "retrieval", "outputs": "outputs",
-    "rerank": "rerank", "stub-probe": "stub_probe", "fp8-accuracy": "fp8_accuracy",
+    "host-path": "host_path", "tail": "tail",
+    "lanes": "lanes", "http": "http", "tokenize": "tokenize_stage",
+    "readiness": "readiness", "soak": "soak", "retrieval": "retrieval",
+    "rerank": "rerank", "fp8-accuracy": "fp8_accuracy",
     "stub-recovery": "stub_recovery", "query-overlap": "query_overlap", "cells": "cells",
 }
 

@@ -1,7 +1,10 @@
-"""One PNG per workload from a bench JSON: this project, the naive Triton baseline, the published
-vLLM and Tulip numbers and the goal.
+"""The pictures, drawn from committed JSON and the repository itself.
 
-    python -m rose_bench charts benchmarks/results/e2e/bge-m3-h200.json [--out DIR]
+    python -m rose_bench charts                    # docs/images/: results-<model>.png per committed e2e result
+                                                   # (rose_bench.headline) and request-path.png (rose_bench.request_path)
+    python -m rose_bench charts --out DIR          # the same into DIR
+    python -m rose_bench charts RUN.json [--out DIR]   # one run's charts, one PNG per workload: this project, the
+                                                   # naive Triton baseline, the published vLLM and Tulip numbers, the goal
 """
 from __future__ import annotations
 
@@ -114,11 +117,33 @@ def charts(result: dict, out_dir: Path, prefix: str | None = None) -> list[Path]
     return out
 
 
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results" / "e2e"
+IMAGES = ROOT / "docs" / "images"
+
+
+def docs_images(out: Path = IMAGES, results: Path = RESULTS) -> list[Path]:
+    """results-<model>.png for each committed e2e result (<model>-<gpu>.json), and request-path.png."""
+    from rose_bench import headline, request_path
+    written = []
+    for j in sorted(results.glob("*.json")):
+        result = json.loads(j.read_text())
+        headline.draw(result, out / f"results-{result['model']}.png", name=j.name)
+        written.append(out / f"results-{result['model']}.png")
+    request_path.draw(out / "request-path.png")
+    return written + [out / "request-path.png"]
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rose_bench charts")
-    p.add_argument("json", nargs="+")
-    p.add_argument("--out", default=None, help="folder for the PNGs (default: beside each JSON)")
+    p = argparse.ArgumentParser(prog="python -m rose_bench charts", description=__doc__.split("\n\n")[0])
+    p.add_argument("json", nargs="*", help="runs whose per-workload charts to draw (none: the docs' pictures)")
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: docs/images/, or beside each run's JSON)")
+    p.add_argument("--results", default=str(RESULTS), help="the committed e2e results the docs' charts are drawn from")
     args = p.parse_args(argv)
+    if not args.json:
+        for path in docs_images(Path(args.out) if args.out else IMAGES, Path(args.results)):
+            print(path)
+        return 0
     for j in args.json:
         for path in charts(json.loads(Path(j).read_text()), Path(args.out) if args.out else Path(j).parent):
             print(path)

@@ -1,8 +1,10 @@
-"""Published reference numbers (H200, bf16) and this project's goals, as docs/DESIGN.md (Benchmarks) describes them.
+"""The peers' numbers (H200, bf16) and this project's goals, as docs/DESIGN.md (Benchmarks) describes them.
 
-vLLM 0.22.0 and Perplexity's engine "Tulip" as Perplexity's post published them; the concurrency chart was
-an unlabelled line plot, so those values are read off it and approximate. Latencies in ms, p50 with
-p99 where published; throughput in embeddings per second. Keys: model -> workload -> x -> row.
+PUBLISHED: vLLM 0.22.0 and Perplexity's engine "Tulip" as Perplexity's post published them; the
+concurrency chart was an unlabelled line plot, so those values are read off it and approximate.
+Latencies in ms, p50 with p99 where published; throughput in embeddings per second. Keys: model ->
+workload -> x -> row. SENTENCE_TRANSFORMERS: the Python library a team reaches for first, measured
+in process (not published).
 """
 from __future__ import annotations
 
@@ -37,6 +39,17 @@ PUBLISHED: dict[str, dict[str, dict[int, dict]]] = {
     },
 }
 APPROXIMATE = {"concurrency"}           # read off a line chart
+
+# sentence-transformers 6 in process (no server) on the same random-weight folders as rose's runs,
+# measured on one H200 on 2026-12-05: p50 ms, throughput in embeddings/s. Not a published number, and
+# the run's own record is not in this repository. A cell it was not measured on is absent.
+SENTENCE_TRANSFORMERS: dict[str, dict[str, dict[int, float]]] = {
+    "bge-m3": {"online": {128: 13.1, 512: 13.4, 4096: 21.1},
+               "scoring": {5: 28.7, 25: 40.0, 50: 68.7},
+               "throughput": {512: 807.0, 1024: 415.0, 4096: 80.0}},
+    "pplx-embed": {"online": {128: 51.0, 512: 30.0, 4096: 39.0},
+                   "throughput": {512: 337.0, 1024: 177.0, 4096: 39.0}},
+}
 
 
 def published(model: str) -> dict:
