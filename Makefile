@@ -1,5 +1,8 @@
-# make serve   - install what is needed (first run) and serve the default model with tritonserver
-# make test    - install the test dependencies and run the whole CPU test suite
+# make serve      - install what is needed (first run) and serve the default model with tritonserver
+# make test       - install the test dependencies and run the whole CPU test suite
+# make test-gpu   - the GPU suite (tests/gpu) on a CUDA host
+# make client-cli - rose-embed's Parquet and progress-bar extras in the same environment
+# make help       - this text
 # Variables: MODEL=<HF folder>  KIND=auto|embedding|cross-encoder|qwen3-reranker  GRPC_PORT=8001 HTTP_PORT=8000 METRICS_PORT=8002  ADDRESS=127.0.0.1
 #            RERANKER=<reranker folder> (served as `rerank` beside MODEL's `embed`, in one server; KIND is MODEL's)
 #            GATEWAY_PORT=8080 (the OpenAI-compatible HTTP gateway; GATEWAY=0 leaves it out)
@@ -28,7 +31,10 @@ GPUS ?=
 PYTEST_ARGS ?=
 ROSE_CACHE_DIR ?= $(HOME)/.cache/rose
 
-.PHONY: serve test test-gpu install client-cli clean
+.PHONY: help serve test test-gpu install client-cli clean
+
+help:
+	@sed -n '1,/^[^#]/s/^# \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
 
 ifeq ($(origin API_KEY),command line)
 $(warning API_KEY on make's command line shows in process listings (ps shows make's arguments): use `API_KEY=... make serve` or API_KEY_FILE=path)

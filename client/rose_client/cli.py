@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import deque
@@ -201,9 +202,9 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
         print(f"rose-embed: resuming at row {start} of {n}: {done_blocks} blocks already written "
               f"are not recomputed", file=sys.stderr)
 
+    bar = _progress(n, start, args.quiet)            # moved by every chunk answered, not every block saved
     client = EmbeddingClient(args.url, model=args.model, tokenizer=args.tokenizer, timeout=args.timeout,
-                             token_budget=args.token_budget, api_key=_api_key(args))
-    bar = _progress(n, start, args.quiet)
+                             token_budget=args.token_budget, api_key=_api_key(args), on_rows=bar.update)
     t0, embedded = time.monotonic(), 0
     inflight: deque = deque()
     k = done_blocks
@@ -217,7 +218,6 @@ def _embed_all(args, src: Path, out: Path, partial: Path, manifest: dict, done_b
             done = len(emb)
         k += 1
         embedded += done
-        bar.update(done)
 
     try:
         for block in blocks(iter_texts(src, args.field, start), args.block):
@@ -312,6 +312,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C (SIGINT) stops a run keeping its finished blocks, also where the process was started with
+    # SIGINT ignored (a shell's background job), which Python would otherwise keep ignoring
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = parser().parse_args(argv)
     if args.block < 1 or args.concurrency < 1:
         print("rose-embed: --block and --concurrency must be >= 1", file=sys.stderr)

@@ -73,7 +73,8 @@ class EmbeddingClient:
     one; never logged nor put in an error. Thread-safe: any number of threads may call one client.
     channel_type: what the replicas' connections are (None: transport.Channel, threaded streams;
     aio_transport.AioChannel: grpc.aio streams of one event loop, what AsyncEmbeddingClient's
-    asyncio_streams=True passes).
+    asyncio_streams=True passes). on_rows(n): called, from the calling thread, each time a chunk of
+    n inputs is answered.
     """
 
     def __init__(self, urls: str | list[str], model: str = "embed", token_model: str = "rose",
@@ -81,8 +82,10 @@ class EmbeddingClient:
                  max_inflight_tokens: int = 32768, tokenizer: str | None = None,
                  max_text_tokens: int = 512, chunk_timeout: float = 120.0, retries: int = 4,
                  backoff: float = 0.1, max_backoff: float = 5.0, max_chunk_bytes: int = 16 << 20,
-                 api_key: str | None = None, progress_timeout: float | None = None, channel_type: type | None = None):
+                 api_key: str | None = None, progress_timeout: float | None = None, channel_type: type | None = None,
+                 on_rows=None):
         self.urls = parse_urls(urls)
+        self.on_rows = on_rows              # on_rows(n): a chunk of n inputs was answered (a progress bar)
         self.model, self.token_model, self.outputs_model = model, token_model, outputs_model
         self.timeout, self.progress_timeout = timeout, progress_timeout
         self.rerank_model = rerank_model

@@ -172,6 +172,8 @@ class Job:
                 r.failures = 0
                 r.tokens_done += chunk.tokens
                 r.chunks_done += 1
+            if c.on_rows is not None:
+                c.on_rows(chunk.end - chunk.start)
             return
         if isinstance(exc, AccessDenied):
             raise AccessDenied(str(exc)) from exc

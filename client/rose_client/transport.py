@@ -267,7 +267,15 @@ def _rpc_error(url: str, e: grpc.RpcError) -> Exception:
     if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or \
             _DENIED_MARKER in details.lower():
         return AccessDenied(f"{url}: the server refused this client's API key ({details})")
-    return ConnectionLost(f"{url}: {e.code().name}: {details}")
+    return ConnectionLost(f"{url}: {e.code().name}: {details}{http1_hint(details)}")
+
+
+def http1_hint(details: str) -> str:
+    """What to say when a gRPC url turned out to be an HTTP/1 server (Triton's HTTP port, the gateway)."""
+    if "Failed parsing HTTP/2" in details or "http1.x" in details.lower():
+        return (" -- this address answers HTTP/1, not gRPC: point the client at rose's gRPC port "
+                "(GRPC_PORT, 8001 by default); 8000 is Triton's HTTP port and 8080 the HTTP gateway")
+    return ""
 
 
 def _outputs(response, contents=None) -> dict[str, np.ndarray]:

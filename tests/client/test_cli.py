@@ -136,9 +136,19 @@ def test_failed_run_that_finished_no_block_leaves_no_partial(tmp_path, capsys):
     assert not (tmp_path / "e.npy.partial").exists()
 
 
+def test_the_progress_moves_with_every_chunk_answered(server):
+    """rose-embed's bar is the client's on_rows: it moves as each chunk of a block is answered, long
+    before the block (the unit that is saved) is whole."""
+    seen = []
+    with EmbeddingClient(server.grpc_url, token_budget=256, on_rows=seen.append) as c:
+        c.embed(texts(400, seed=5))
+    assert sum(seen) == 400 and len(seen) >= 4, seen
+
+
 def test_ctrl_c_stops_promptly_and_keeps_every_finished_block(server, tmp_path):
     """SIGINT (Ctrl-C) midway: rose-embed exits within seconds (it does not wait for the blocks in
-    flight), says how many rows are saved, and --resume then finishes with exactly the rest."""
+    flight), says how many rows are saved, and --resume then finishes with exactly the rest; also when
+    it was started with SIGINT ignored."""
     # blocks 0-1 short texts (saved first), 2-3 of texts cut at 256 tokens (in flight at the signal:
     # 51k tokens, seconds of this CPU), 4 not yet sent
     n, block = 500, 100
@@ -150,7 +160,9 @@ def test_ctrl_c_stops_promptly_and_keeps_every_finished_block(server, tmp_path):
     cmd = [sys.executable, "-m", "rose_client.cli", str(src), str(out), "--url", server.grpc_url, "--block", str(block),
            "--concurrency", "2", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "client")}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # started with SIGINT ignored, as a shell's background job (`make test &`) starts its children
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     launched = time.monotonic()
     deadline = launched + 120
     while len(list(partial.glob("part-*.npy"))) < 2 and proc.poll() is None and time.monotonic() < deadline:

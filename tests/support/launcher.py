@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class LauncherRun:
-    def __init__(self, *args: str, env: dict | None = None, gateway: bool = True, gateway_port: int | None = None):
+    def __init__(self, *args: str, env: dict | None = None, gateway: bool = True, gateway_port: int | None = None,
+                 python: str = sys.executable):
         self.ports = free_ports()
         self.gateway_port = (gateway_port or free_port()) if gateway else 0
-        cmd = [sys.executable, "-m", "rose_backend.launch", "--grpc-port", str(self.ports.grpc),
+        cmd = [python, "-m", "rose_backend.launch", "--grpc-port", str(self.ports.grpc),
                "--http-port", str(self.ports.http), "--metrics-port", str(self.ports.metrics),
                "--gateway-port", str(self.gateway_port), *args]
         full_env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "ADMIN_KEY", "MAKELEVEL")}
