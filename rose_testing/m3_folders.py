@@ -133,3 +133,23 @@ def center_sparse_bias(path: Path, device: str = "cpu", tokens: int = 256, seed:
     state["bias"] = -raw.median().reshape(1).to(state["bias"].dtype)
     torch.save(state, str(path / "sparse_linear.pt"))
     return float((raw + state["bias"].float() > 0).float().mean())
+
+
+def flag_m3(folder, max_length: int):
+    """FlagEmbedding's M3Embedder (BGEM3FlagModel) on the CPU in float32, BGE-M3's reference outputs,
+    imported without the package's __init__ (which imports rerankers that transformers 5 breaks)."""
+    import importlib.util
+    import sys
+    import types
+    for name in ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder"):
+        if name in sys.modules:
+            continue
+        parent, _, child = name.rpartition(".")
+        path = ([p + "/" + child for p in sys.modules[parent].__path__] if parent
+                else list(importlib.util.find_spec(name).submodule_search_locations))
+        module = types.ModuleType(name)
+        module.__path__ = path
+        sys.modules[name] = module
+    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
+    return M3Embedder(str(folder), use_fp16=False, devices="cpu", normalize_embeddings=True,
+                      pooling_method="cls", passage_max_length=max_length, batch_size=4)

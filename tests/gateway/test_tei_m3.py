@@ -2,36 +2,17 @@
 (conftest's m3_deployment), against FlagEmbedding's BGEM3FlagModel lexical weights and dense vectors."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
-
 import httpx
 import numpy as np
 import pytest
 from support.gateway import gateway_for
 from support.server import M3_MAX_LEN
 
+from rose_testing.m3_folders import flag_m3
+
 pytestmark = pytest.mark.server
 TEXTS = ["the rose is a flower", "the rose the rose the rose is red red red", "a",
          " ".join(["hybrid search with lexical weight and dense vector"] * 12)]       # truncated at M3_MAX_LEN
-
-
-def flag_m3(folder):
-    """FlagEmbedding's M3Embedder on the CPU in float32, without the package __init__ (which imports
-    rerankers that transformers 5 breaks; tests/server/test_m3_outputs.py does the same)."""
-    for name in ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder"):
-        if name in sys.modules:
-            continue
-        parent, _, child = name.rpartition(".")
-        path = ([p + "/" + child for p in sys.modules[parent].__path__] if parent
-                else list(importlib.util.find_spec(name).submodule_search_locations))
-        module = types.ModuleType(name)
-        module.__path__ = path
-        sys.modules[name] = module
-    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
-    return M3Embedder(str(folder), use_fp16=False, devices="cpu", normalize_embeddings=True,
-                      pooling_method="cls", passage_max_length=M3_MAX_LEN, batch_size=4)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +25,7 @@ def served(m3_deployment):
 
 @pytest.fixture(scope="module")
 def reference(served):
-    ref = flag_m3(served[0]).encode(TEXTS, max_length=M3_MAX_LEN, return_dense=True, return_sparse=True,
+    ref = flag_m3(served[0], M3_MAX_LEN).encode(TEXTS, max_length=M3_MAX_LEN, return_dense=True, return_sparse=True,
                                     return_colbert_vecs=False)
     return ref["dense_vecs"], [{int(k): float(v) for k, v in w.items()} for w in ref["lexical_weights"]]
 

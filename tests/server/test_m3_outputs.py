@@ -7,15 +7,14 @@ every reranker, and one of them (modeling_minicpm_reranker) imports
 transformers.modeling_attn_mask_utils, which transformers 5 no longer has. The embedder code
 used here (inference/embedder/encoder_only/m3.py and what it imports) is FlagEmbedding's own.
 """
-import importlib.util
-import sys
 import threading
-import types
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from support.server import M3_MAX_LEN
+
+from rose_testing.m3_folders import flag_m3
 
 from rose_client import EmbeddingClient, ServerError, StreamConnection
 
@@ -35,22 +34,6 @@ TEXTS = [
 ]
 
 
-def flag_m3(folder):
-    """FlagEmbedding's M3Embedder (BGEM3FlagModel) on the CPU in float32, without the package __init__."""
-    for name in ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder"):
-        if name in sys.modules:
-            continue
-        parent, _, child = name.rpartition(".")
-        path = ([p + "/" + child for p in sys.modules[parent].__path__] if parent
-                else list(importlib.util.find_spec(name).submodule_search_locations))
-        module = types.ModuleType(name)
-        module.__path__ = path
-        sys.modules[name] = module
-    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
-    return M3Embedder(str(folder), use_fp16=False, devices="cpu", normalize_embeddings=True,
-                      pooling_method="cls", passage_max_length=MAX_LEN, batch_size=4)
-
-
 @pytest.fixture(scope="module")
 def folder(m3_deployment):
     return m3_deployment[0]
@@ -58,7 +41,7 @@ def folder(m3_deployment):
 
 @pytest.fixture(scope="module")
 def reference(folder):
-    return flag_m3(folder)          # FlagEmbedding is pinned in the `test` extra: no skip
+    return flag_m3(folder, MAX_LEN)          # FlagEmbedding is pinned in the `test` extra: no skip
 
 
 @pytest.fixture(scope="module")
