@@ -16,7 +16,7 @@ SUBCOMMANDS = {
     "lanes": "lanes", "http": "http", "tokenize": "tokenize_stage",
     "readiness": "readiness", "soak": "soak", "retrieval": "retrieval",
     "rerank": "rerank", "fp8-accuracy": "fp8_accuracy",
-    "stub-recovery": "stub_recovery", "query-overlap": "query_overlap", "cells": "cells",
+    "stub-recovery": "stub_recovery", "query-overlap": "query_overlap", "cells": "cells", "families": "families",
 }
 
 
