@@ -1,9 +1,8 @@
-"""The documented install in a fresh virtual environment: `pip install ./client ".[gateway]"` from a
-checkout installs what the server imports (the server's distribution declares the client), and the
-launcher started with that environment's Python serves. The environment takes the third-party
+"""The documented install in a fresh virtual environment: `pip install ".[gateway]"` from a checkout
+installs what the server imports (the client included), and the launcher started with that
+environment's Python serves. The environment takes the third-party
 packages (torch, tritonserver, ...) from this one's site-packages through a path file, so that only
-the project's two distributions are installed (seconds): what is checked is that they install and
-declare each other, not PyPI."""
+the project is installed (seconds): what is checked is what it ships and declares, not PyPI."""
 from __future__ import annotations
 
 import site
@@ -39,15 +38,15 @@ def pip(py: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_the_server_declares_the_client_and_the_documented_install_serves(fresh):
-    both = pip(fresh, "./client", ".[gateway]")
-    assert both.returncode == 0, both.stdout[-3000:] + both.stderr[-3000:]
-    # the server's distribution requires the client's, and both come from the fresh environment
-    check = subprocess.run([str(fresh), "-c", "import importlib.metadata as m, rose_client, rose_backend.launch.keys, "
-                            "rose_gateway.app; print(m.requires('rose-embeddings')); print(rose_client.__file__, "
-                            "rose_backend.__file__)"], cwd="/", capture_output=True, text=True, timeout=120)
-    assert check.returncode == 0 and "'rose-client==0.1.0'" in check.stdout, check.stdout + check.stderr
-    assert check.stdout.splitlines()[1].count(str(fresh.parent.parent)) == 2, check.stdout
+def test_the_documented_install_holds_what_the_server_imports_and_serves(fresh):
+    installed = pip(fresh, ".[gateway]")
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    # the server, the gateway and the client they import all come from the fresh environment
+    check = subprocess.run([str(fresh), "-c", "import rose_client, rose_backend.launch.keys, rose_gateway.app; "
+                            "print(rose_client.__file__, rose_backend.__file__, rose_gateway.__file__)"],
+                           cwd="/", capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and check.stdout.count(str(fresh.parent.parent)) == 3, check.stdout + check.stderr
+    assert (fresh.parent / "rose-embed").exists()
     with LauncherRun(python=str(fresh)) as run:
         assert run.wait_for("HTTP (OpenAI-compatible)", 300), run.output[-3000:]
         import httpx
