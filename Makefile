@@ -52,17 +52,17 @@ $(VENV)/.installed: pyproject.toml client/pyproject.toml
 	 else $(PY) -m venv $(VENV); fi
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[gateway]"   # the server side, the HTTP gateway and the client (rose-embed)
+	$(BIN)/python -m pip install -q -e .   # the server side, the HTTP gateway and the client (rose-embed)
 	@command -v tritonserver >/dev/null || [ -n "$$TRITONSERVER_BIN" ] || \
 	  $(BIN)/python -m pip install -q --no-deps nvidia-pytriton==0.7.0
 	@touch $@
 
 # rose-embed's Parquet input and output and its progress bar (the `cli` extra), in the same environment
 client-cli: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[gateway,cli]"
+	$(BIN)/python -m pip install -q -e ".[cli]"
 
 $(VENV)/.test-installed: $(VENV)/.installed benchmarks/pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[test,gateway,cli]"
+	$(BIN)/python -m pip install -q -e ".[test,cli]"
 	$(BIN)/python -m pip install -q -e ./benchmarks   # rose_bench (benchmarks/pyproject.toml), not in the product's wheel
 	@touch $@
 
