@@ -174,7 +174,7 @@ def client(server):
 # `make test` runs the suite on three pytest-xdist workers (-n 3). Each test module is one unit of work,
 # run on one worker (its module-scoped servers start once); the two modules of the session's
 # `replicas` are one unit (three servers, not six), the reranker modules another (one server per
-# reranker kind), the M3 modules a third (one M3 server), the Qwen3 ones a fourth, and test_soak
+# reranker kind; the docs' examples too), the M3 modules a third (one M3 server), the Qwen3 ones a fourth, and test_soak
 # runs right after test_server on the same session server; the tests of a SPLIT module are units
 # of their own. The longest units go first, so that no worker is left
 # with a long one at the end. Each worker has its own session servers and checks its own leftovers;
@@ -182,6 +182,7 @@ def client(server):
 GROUPS = {"test_client": "replicas", "test_client_balance": "replicas", "test_soak": "test_server",
           "test_lanes_server": "rerankers", "test_truncation_server": "rerankers", "test_rerank_server": "rerankers",
           "test_m3_outputs": "m3", "test_requested_outputs": "m3", "test_tei_m3": "m3", "test_tei_rerank": "rerankers",
+          "test_docs_examples": "rerankers",
           "test_qwen3_server": "qwen3", "test_gateway_tokens": "qwen3"}
 # Modules whose tests share nothing (each runs its own processes): every test is a unit of its own,
 # so that their minutes are spread over the workers. (test_fp8_accuracy is one unit: its tests share

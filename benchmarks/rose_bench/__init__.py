@@ -19,7 +19,7 @@
     python -m rose_bench fp8-accuracy                      # dtype=fp8 against bf16 and float32 over a text corpus
     python -m rose_bench cells --model bge-m3 --baseline B.json # every workload cell, twice, against a baseline
     python -m rose_bench merge OUT.json RUN.json ...       # join end-to-end runs of one model
-    python -m rose_bench render-readme                     # README's Performance section from the JSON
+    python -m rose_bench render-readme                     # README's and docs/PERFORMANCE.md's tables from the JSON
     python -m rose_bench charts                            # docs/images/: a results chart per shape, the request path
     python -m rose_bench charts RESULT.json                # redraw one run's per-workload charts
     python -m rose_bench perf-inputs --vocab 250002        # perf_analyzer input files

@@ -102,7 +102,7 @@ def provenance(result: dict, cells: list[Cell], name: str) -> str:
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
     return (f"rose: benchmarks/results/e2e/{name}, commit {commits}, {when}; online cells: perf_analyzer p50, "
             "the others the bench's client (p50, emb/s).\nTulip and vLLM 0.22: published numbers (same GPU model, "
-            "other software). sentence-transformers: in process on the same folders, 2026-12-05.")
+            f"other software). sentence-transformers: in process on the same folders, {published.SENTENCE_TRANSFORMERS_DATE}.")
 
 
 def draw(result: dict, path: Path, name: str = "") -> dict[tuple[str, str], float]:

@@ -43,6 +43,7 @@ APPROXIMATE = {"concurrency"}           # read off a line chart
 # sentence-transformers 6 in process (no server) on the same random-weight folders as rose's runs,
 # measured on one H200 on 2026-12-05: p50 ms, throughput in embeddings/s. Not a published number, and
 # the run's own record is not in this repository. A cell it was not measured on is absent.
+SENTENCE_TRANSFORMERS_DATE = "2026-12-05"
 SENTENCE_TRANSFORMERS: dict[str, dict[str, dict[int, float]]] = {
     "bge-m3": {"online": {128: 13.1, 512: 13.4, 4096: 21.1},
                "scoring": {5: 28.7, 25: 40.0, 50: 68.7},

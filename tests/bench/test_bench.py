@@ -82,7 +82,7 @@ def test_perf_analyzer_input_data(tmp_path):
 @pytest.mark.server
 def test_bench_tiny_end_to_end(tmp_path):
     """`rose_bench e2e --tiny` of both systems, one tritonserver each in turn: every workload's cells
-    measured, the gate passed, the charts drawn, and the README section rendered from the JSON."""
+    measured, the gate passed, the charts drawn, and the docs' sections rendered from the JSON."""
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "ensemble"), str(ROOT / "client"), str(ROOT / "benchmarks")]))
     p = subprocess.run([sys.executable, "-m", "rose_bench", "e2e", "--model", "tiny-bert", "--tiny", "--systems", "rose,naive",
@@ -106,14 +106,19 @@ def test_bench_tiny_end_to_end(tmp_path):
     assert sorted(r["charts"]) == sorted(f"bench_tiny-bert_{w}.png" for w in
                                          ("online", "scoring", "throughput", "concurrency"))
     assert all((out / c).stat().st_size > 1000 for c in r["charts"])
-    # the README section renders from that JSON, between the markers only
+    # the docs' sections render from that JSON (README's short table, PERFORMANCE.md's full one with
+    # the charts), between the markers only
     from rose_bench import render_readme as render
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n{render.BEGIN}\nold\n{render.END}\nafter\n")
-    assert render.render(readme, render.section(out))
-    text = readme.read_text()
-    assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{render.END}\nafter\n") and "old" not in text
-    assert "| online, 1 x 16 |" in text and "bench_tiny-bert_online.png" in text
+    results = render.load(out)
+    for name, text, row in (("README.md", render.readme_section(results), "| online 1 x 16 |"),
+                            ("PERFORMANCE.md", render.performance_section(results, out), "| online, 1 x 16 |")):
+        page = tmp_path / name
+        page.write_text(f"# x\n\nbefore\n{render.BEGIN}\nSTALE\n{render.END}\nafter\n")
+        assert render.render(page, text)
+        body = page.read_text()
+        assert body.startswith("# x\n\nbefore\n") and body.endswith(f"{render.END}\nafter\n") and "STALE" not in body
+        assert row in body, body
+    assert "bench_tiny-bert_online.png" in (tmp_path / "PERFORMANCE.md").read_text()
 
 
 @pytest.mark.server

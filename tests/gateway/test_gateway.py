@@ -232,16 +232,3 @@ def test_concurrent_requests_keep_order(gateway, sentence_model):
         got = list(pool.map(lambda t: rows(oa.embeddings.create(input=t, model=MODEL, encoding_format="float"))[0],
                             texts))
     assert_close(np.stack(got), want)
-
-
-def test_readme_example_runs(gateway, capsys):
-    """README's "HTTP (OpenAI-compatible)" example, as written, prints what its comment says."""
-    import re
-    from pathlib import Path
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## HTTP (OpenAI-compatible)", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    expected = re.search(r"print\(.*\)\s+# (.*)", code).group(1).strip()
-    code = code.replace("http://127.0.0.1:8080", gateway.url).replace('api_key="none"', f'api_key="{KEY}"')
-    exec(compile(code, "README.md", "exec"), {})
-    assert capsys.readouterr().out.strip() == expected

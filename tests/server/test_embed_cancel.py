@@ -5,7 +5,7 @@ On `rose` directly the queued requests see is_cancelled() and are dropped uncomp
 cancellation on between steps (a step not started is not started, or starts cancelled), never to a
 step already running, so a request waiting in rose's pool is computed in full (a Python `embed`
 calling rose through BLS could not do better: the BLS response iterator has no cancel() before
-the Python backend of r25.04). This test holds that limit to what the README says, and checks
+the Python backend of r25.04). This test holds that limit to what docs/API.md says, and checks
 that the server serves the next client normally."""
 import queue
 import time
@@ -63,6 +63,6 @@ def test_a_cancelled_stream_on_rose_leaves_its_backlog_uncomputed(server):
 
 def test_embed_requests_already_in_rose_are_computed_and_the_server_serves_on(server, client):
     cancelled, computed = give_up_on_a_backlog(server, "embed", all_in_rose=True)
-    # the documented limit: if this fails, Triton now cancels running ensemble steps (README outdated)
+    # the documented limit: if this fails, Triton now cancels running ensemble steps (docs/API.md outdated)
     assert cancelled == 0 and computed == REQUESTS * SEQS, (cancelled, computed)
     assert client.embed(["the next client"]).shape == (1, 384)

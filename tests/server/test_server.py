@@ -211,7 +211,7 @@ def test_launcher_serves_and_stops_on_sigterm(tmp_path, shipped_sentence_model):
         # README's "Calling it" example runs as written against the shipped deployment (only the
         # port differs), task="query" included
         readme = (ROOT / "README.md").read_text()
-        block = re.search(r"## Calling it\n+```python\n(.*?)```", readme, re.S).group(1)
+        block = re.search(r"## Calling it\n.*?```python\n(.*?)```", readme, re.S).group(1)
         assert 'task="query"' in block and "127.0.0.1:8001" in block
         code = block.replace("127.0.0.1:8001", f"127.0.0.1:{ports.grpc}") + "\nprint(docs.shape, query.shape, ids.shape)\n"
         r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean, capture_output=True, text=True,
