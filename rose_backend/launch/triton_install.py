@@ -102,7 +102,7 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
 def stub_site(env: dict | None = None) -> str | None:
     """$ROSE_STUB_SITE: a folder of packages the backend stub imports before anything else.
 
-    Where the interpreter has numpy 2 it holds numpy<2 (benchmarks/gpu/add_stub_numpy.sh): Triton
+    Where the interpreter has numpy 2 it holds numpy<2 (`pip install --target DIR numpy==1.26.4`): Triton
     2.51's Python backend (pybind11 2.10) misreads numpy 2 arrays (python_backend#384). The stub
     imports numpy from its own sys.path, whose first entry is the working directory, so the server
     is started in this folder."""

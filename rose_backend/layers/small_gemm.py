@@ -105,7 +105,8 @@ def _lines(k_span: int) -> int:
 
 
 def _config(m: int, n: int) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, warps): the H200 sweep's best at 128 tokens for all four shapes (with 5 stages)."""
+    """(BM, BN, BK, warps): one tile for every shape (with 5 stages), the fastest at 128 tokens for
+    the four projection shapes of BGE-M3 and Qwen3-0.6B on Hopper."""
     return 64, 64, 64, 4
 
 
