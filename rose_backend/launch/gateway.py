@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from rose_backend import env_vars
 from rose_backend.launch.child import ChildProcess, http_answer, reachable
 from rose_backend.launch.deployment import REPO_ROOT
 from rose_backend.processes import GATEWAY_STATE_PREFIX, remove_unowned
@@ -43,7 +44,7 @@ class GatewayProcess(ChildProcess):
     def start(self) -> "GatewayProcess":
         env = dict(os.environ)
         paths = [str(REPO_ROOT / "gateway"), str(REPO_ROOT / "client"), str(REPO_ROOT)]
-        env["PYTHONPATH"] = ":".join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env[env_vars.PYTHONPATH.name] = ":".join(paths + [p for p in [env_vars.PYTHONPATH.get(env)] if p])
         env.pop("API_KEY", None)
         for var in ("ADMIN_KEY", "ROSE_ADMIN_KEY"):  # the control plane's key stays with the launcher
             env.pop(var, None)

@@ -8,7 +8,7 @@ import inspect
 
 import torch
 
-from rose_backend.layers import switches
+from rose_backend import env_vars
 from rose_backend.layers.attention import AttentionBackend, AttentionMetadata, AttentionShape
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -156,7 +156,7 @@ class FlashInferBackend(AttentionBackend):
     # 8192 tokens, and a larger batch overflows it. The workspace is sized from
     # $ROSE_FLASHINFER_WORKSPACE_MB (default 512: the 16384-token batches of the default budget) and
     # the token limit scales with it.
-    float_workspace_bytes = switches.flashinfer_workspace_mb() << 20
+    float_workspace_bytes = env_vars.ROSE_FLASHINFER_WORKSPACE_MB.integer() << 20
     max_tokens = 8192 * max(1, float_workspace_bytes // (256 << 20))
     int_workspace_bytes = (8 << 20) * max(1, float_workspace_bytes // (256 << 20))
     # plan() schedules the batch in Python and copies the schedule to the device before the forward

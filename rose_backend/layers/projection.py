@@ -11,9 +11,9 @@ and the projection's output is never rounded to bf16.
     x = add_norm(y, residual)           # AddLayerNorm / AddRMSNorm take either
     h = project(x, linear, "gelu")      # act(linear(x)): "none", "swiglu" or a config.json activation
 
-`max_tokens` and `gemm_max_tokens` (module attributes; from $ROSE_SPLITK_MAX_TOKENS and
-$ROSE_SMALL_GEMM_MAX_TOKENS, layers/switches.py) bound the token counts; the fused-kernel switch
-(layers/fused.py) turns both off with the other kernels.
+`max_tokens` and `gemm_max_tokens` (module attributes, read at each call: an experiment may patch
+them before an engine captures its graphs; 0 turns a kernel off) bound the token counts; the
+fused-kernel switch (layers/fused.py) turns both off with the other kernels.
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from rose_backend.layers import fused, switches
+from rose_backend.layers import fused
 from rose_backend.layers.activation import GATED, gated, linear_act, silu_and_mul
 
-max_tokens = switches.splitk_max_tokens()
-gemm_max_tokens = switches.small_gemm_max_tokens()
+max_tokens = 256           # the largest token count whose `o` and `down` run split-K
+gemm_max_tokens = 128      # the largest whose gate/up runs the small-GEMM kernel with its SwiGLU epilogue
 _BK = 128
 
 
