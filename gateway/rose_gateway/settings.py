@@ -94,11 +94,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
                    help="gateway processes sharing the port ($GATEWAY_WORKERS; default: the cores this process "
                         "may use, %(default)s here)")
     p.add_argument("--log-level", default="warning")
-    p.add_argument("--owner", default=None, help="a label naming who started this gateway, for process "
-                   "listings only (GatewayProcess passes rose_<its pid>_, the prefix the tests' leak check looks for)")
     args = vars(p.parse_args(argv))
     log_level = args.pop("log_level")
-    args.pop("owner")
     key_file = args.pop("api_key_file")
     args["api_key"] = read_key_file(key_file) if key_file else (env_vars.API_KEY.get() or None)
     settings = GatewaySettings(**args)

@@ -50,10 +50,8 @@ class GatewayProcess(ChildProcess):
             env.pop(var, None)
         if self.api_key:
             env["API_KEY"] = self.api_key          # by environment: kept out of `ps`
-        # --owner: the prefix TritonProcess puts on its servers (rose_<pid>_), so whoever started this
-        # gateway finds it in the process table (the tests' leak check)
         cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,
-               "--port", str(self.port), "--owner", f"rose_{os.getpid()}_"] + \
+               "--port", str(self.port)] + \
             (["--model", str(self.model_dir)] if self.model_dir else []) + \
             ["--drain-timeout", str(self.drain_timeout)] + self.extra_args
         self.spawn(cmd, env)        # its own process group; SIGKILL when the process that started it dies
