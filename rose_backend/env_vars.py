@@ -56,8 +56,8 @@ ROSE_FLASHINFER_WORKSPACE_MB = Variable("ROSE_FLASHINFER_WORKSPACE_MB", "512", "
 ROSE_MAIN_ENGINE_SMS = Variable("ROSE_MAIN_ENGINE_SMS", "0", "the main engine's kernels on a CUDA green context "
                                 "of this many SMs, the rest kept for the query lane (faster queries beside bulk, "
                                 "less bulk throughput); 0: the whole device; read when an engine is built")
-ROSE_STAGE_TIMES = Variable("ROSE_STAGE_TIMES", "", "a folder: `rose` and the tokenizers time each request's host "
-                            "stages and write their summaries there (empty: off)")
+ROSE_STAGE_TIMES = Variable("ROSE_STAGE_TIMES", "", "a folder: `rose`, the tokenize models and the gateway time "
+                            "each request's host stages and write their summaries there (empty: off)")
 
 # Set by the launcher or the gateway for their own children, not by operators
 ROSE_PYTHONPATH = Variable("ROSE_PYTHONPATH", "", "the launcher's import paths for the Python backend's stub, "
