@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rose_backend.model_folder import (MODEL_DIR_VARIABLE, ModelFolderError, default_model_dir,  # noqa: F401
+from rose_backend.model_folder import (ModelFolderError, default_model_dir,  # noqa: F401
                                        hub_id_message, resolve_model_dir, validate_model_folder)
 from rose_backend.model_kind import QWEN3_RERANKER_MAX_LENGTH, detect_kind, score_activation
 from rose_backend.st_folder import POOLING_MODES, ChainError, SentenceChain, check_lowercase, read_chain

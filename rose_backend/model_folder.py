@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-MODEL_DIR_VARIABLE = "ROSE_MODEL_DIR"      # the served folder, where a call names none (the launcher sets it)
+from rose_backend import env_vars
 
 
 class ModelFolderError(ValueError):
@@ -32,7 +32,7 @@ def resolve_model_dir(path: str | os.PathLike | None = None, env=None) -> Path:
     model. A path may name environment variables ("$ROSE_RERANKER_DIR": a served model's config then
     shows no local path). A Hugging Face id ("org/name") that is no folder here is refused with the
     command that downloads it: rose reads folders and downloads nothing."""
-    path = str(path or (os.environ if env is None else env).get(MODEL_DIR_VARIABLE) or "")
+    path = str(path or env_vars.ROSE_MODEL_DIR.get(env))
     if not path:
         return default_model_dir()
     expanded = os.path.expandvars(path)
@@ -60,7 +60,7 @@ def hub_id_message(model_id: str) -> str:
 
 def _cached_snapshot(model_id: str) -> Path | None:
     """The newest snapshot of model_id in the local Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub), if any."""
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(os.environ.get("HF_HOME") or "~/.cache/huggingface", "hub")
+    hub = env_vars.HF_HUB_CACHE.get() or os.path.join(env_vars.HF_HOME.get(), "hub")
     snapshots = Path(hub).expanduser() / f"models--{model_id.replace('/', '--')}" / "snapshots"
     found = sorted((p for p in snapshots.glob("*") if (p / "config.json").exists()), key=lambda p: p.stat().st_mtime) \
         if snapshots.is_dir() else []

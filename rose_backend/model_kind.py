@@ -18,9 +18,10 @@ The rule, in order (the first that applies wins):
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
+
+from rose_backend import env_vars
 
 KINDS = ("embedding", "cross-encoder", "qwen3-reranker")
 
@@ -41,7 +42,7 @@ def qwen3_reranker_text(query: str, document: str, instruction: str | None = Non
 
 def detect_kind(d: Path, raw: dict, override: str | None = None) -> str:
     """The folder's kind by the rule in this module's docstring; raises ValueError on a bad override."""
-    choice = (override or os.environ.get("ROSE_MODEL_KIND") or "").strip().lower()
+    choice = (override or env_vars.ROSE_MODEL_KIND.get()).strip().lower()
     if choice and choice != "auto":
         if choice not in KINDS:
             raise ValueError(f"model kind {choice!r} is not one of {', '.join(KINDS)} (or auto)")

@@ -12,6 +12,7 @@ for p in (ROOT, ROOT / "ensemble", ROOT / "client", ROOT / "benchmarks", ROOT / 
         sys.path.insert(0, str(p))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from support import leftovers  # noqa: E402,F401 (marks this session's environment before any process starts)
 # One torch thread in the test processes and in every server, stub and tool they start (set before
 # torch is imported): on the 2-core machine a second thread bought little time and cost CPU that the
 # other workers' tests wait for (a one-text forward pass of all-MiniLM: 12 CPU-ms on one thread, 28

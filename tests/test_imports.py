@@ -3,8 +3,9 @@ import, module level or inside a function), over every package: the client impor
 server side; every module imports only its own layer and those below it (rose_backend's serving core
 -> engine -> models -> layers -> config / loading, the Triton glue above the core, the launch room's
 process control above the served models, the gateway and the benchmarks on top); of the client the
-server side imports only its key rules; the gateway takes of rose_backend only what it shares with the
-server (process helpers, model folder, tokenize settings, stage clock), nothing of process control; only the Triton glue knows Triton's Python backend; the
+server side imports only its key rules and its environment variables' type; the gateway takes of
+rose_backend only what it shares with the server (process helpers, model folder, tokenize settings,
+stage clock, environment variables), nothing of process control; only the Triton glue knows Triton's Python backend; the
 shipped packages import none of the fixtures (rose_testing), which the distribution leaves out; no
 import cycles; no module over 350 lines outside tests/."""
 from __future__ import annotations
@@ -27,6 +28,7 @@ RANKS = [("rose_client", 0),                  # the client: gRPC streaming, bala
          ("rose_backend.model_families", 1),  # which model_type / architectures a native file serves (torch-free)
          ("rose_backend.model_folder", 1),    # where the folder is and whether it can be served
          ("rose_backend.processes", 1),       # port check, parent death, owned folders: launcher and gateway
+         ("rose_backend.env_vars", 1),        # every environment variable the product reads (docs/ENVIRONMENT.md)
          ("rose_backend.layers", 2), ("rose_backend.models", 3), ("rose_backend.engine", 4),
          ("rose_backend.serving", 5),         # the serving core: pool, scheduler, completion (no Triton)
          ("rose_backend.triton", 6),          # the Triton glue: the rose model, settings, stub helpers
@@ -43,12 +45,14 @@ SHIPPED = ("rose_client", "rose_backend", "rose_ensemble", "rose_gateway")
 MAX_LINES = 350
 # The modules of rose_client the server side (rose_backend, rose_ensemble) may import, each defined once
 # for the client, the gateway and the server: the key headers and the keys' allowed form
-# (rose_client/auth.py), the lane names and the int32 bound (rose_client/contract.py); neither imports
-# anything, and rose_client's __init__ imports lazily (test_shared_facts.py checks what they load).
-SHARED_WITH_THE_CLIENT = {"rose_client.auth", "rose_client.contract"}
+# (rose_client/auth.py), the lane names and the int32 bound (rose_client/contract.py), the environment
+# variables' type (rose_client/env_vars.py); none imports anything of the client, and rose_client's
+# __init__ imports lazily (test_shared_facts.py checks what they load).
+SHARED_WITH_THE_CLIENT = {"rose_client.auth", "rose_client.contract", "rose_client.env_vars"}
 # What the gateway takes of rose_backend: what it shares with the server, each in its one home. The
 # launcher starts the gateway by its command line, and the gateway imports nothing of process control.
-GATEWAY_TAKES = {"rose_backend.processes", "rose_backend.config", "rose_backend.serving.stage_clock"}
+GATEWAY_TAKES = {"rose_backend.processes", "rose_backend.config", "rose_backend.serving.stage_clock",
+                 "rose_backend.env_vars"}
 
 
 def _modules() -> dict[str, Path]:

@@ -15,10 +15,11 @@ from rose_client import contract
 
 def test_the_server_takes_the_lane_names_from_the_clients_contract_which_loads_nothing_else():
     assert lanes.LANES is contract.LANES and (lanes.INTERACTIVE, lanes.BULK) == contract.LANES
-    loaded = subprocess.run([sys.executable, "-c", "import sys, rose_client.contract, rose_client.auth; "
-                             "print(sorted(m for m in sys.modules if m.startswith(('rose_client', 'grpc', 'tritonclient'))))"],
+    loaded = subprocess.run([sys.executable, "-c", "import sys, rose_client.contract, rose_client.auth, "
+                             "rose_client.env_vars; print(sorted(m for m in sys.modules if m.startswith("
+                             "('rose_client', 'grpc', 'tritonclient'))))"],
                             capture_output=True, text=True, check=True).stdout
-    assert loaded.strip() == "['rose_client', 'rose_client.auth', 'rose_client.contract']", loaded
+    assert loaded.strip() == "['rose_client', 'rose_client.auth', 'rose_client.contract', 'rose_client.env_vars']", loaded
     from rose_client import EmbeddingClient             # the package's names still import, on first use
     assert EmbeddingClient.__module__ == "rose_client.client"
 
@@ -39,7 +40,7 @@ def test_the_clients_unary_models_are_the_repositorys_models_that_are_not_decoup
 
 def test_the_gateway_command_line_defaults_are_its_settings_defaults(monkeypatch):
     from rose_gateway.settings import GatewaySettings, parse_args
-    for var in ("TRITON_URLS", "ADDRESS", "GATEWAY_PORT", "MODEL", "API_KEY", "GATEWAY_WORKERS"):
+    for var in ("API_KEY", "GATEWAY_WORKERS"):
         monkeypatch.delenv(var, raising=False)
     settings, _ = parse_args([])
     own = [f for f in dataclasses.fields(GatewaySettings) if f.default is not dataclasses.MISSING]

@@ -24,7 +24,7 @@ case $MODE in
   overlap)
     python3 -m rose_bench query-overlap --out "$OUT/overlap" --models "${1:-pplx-embed,bge-m3}" --seconds 4 --timeout 150 \
       --trace pplx-embed/default,bge-m3/default \
-      --variants "${2:-default:;no-pdl:env.ROSE_FLASHINFER_PDL=0;varlen:engine.attention=torch_varlen;fa2:env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3;sms120:env.ROSE_MAIN_ENGINE_SMS=120}" \
+      --variants "${2:-default:;no-pdl:engine.flashinfer_pdl=off;varlen:engine.attention=torch_varlen;fa2:env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3;sms120:env.ROSE_MAIN_ENGINE_SMS=120}" \
       --git-commit "$COMMIT" ;;
   lanes)
     python3 -m rose_bench lanes --model "$1" --seconds 8 --warmup-s 3 --out "$OUT/lanes-$1" --work /tmp/rose-lanes \

@@ -207,12 +207,17 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=240, help="seconds per (model, backend) process")
     ap.add_argument("--git-commit", default=None, help="recorded in the JSON where .git is not available")
+    ap.add_argument("--flashinfer-pdl", choices=("default", "on", "off"), default="default",
+                    help="enable_pdl for flashinfer's norms and SiLU-and-mul (layers/fused.py's flashinfer_pdl; "
+                         "default: flashinfer's own choice)")
     ap.add_argument("--kernel-ab", default=None, metavar="V1,V2,...", help="only: graph replay of the kernel "
                     f"variants named ({', '.join(VARIANTS)}), alternated, at 1x128, 1x256, 1x512 and 2x100, on "
                     "--backends' first backend; writes kernel_ab.json")
     ap.add_argument("--layer-counts", default=None, metavar="N1,N2", help="only: graph replay of the model shapes "
                     "cut to these layer counts (layer_scaling), on --backends' first backend; writes layer_scaling.json")
     args = ap.parse_args(argv)
+    from rose_backend.layers import fused
+    fused.flashinfer_pdl = {"default": None, "on": True, "off": False}[args.flashinfer_pdl]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.layer_counts:
@@ -230,12 +235,14 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(run_one(*args.one, configs, Path(args.folders), args.warm_only)), flush=True)
         return
     result = {**run_record(args.git_commit, "cuda"),
-              "env": {k: v for k, v in os.environ.items() if k.startswith("ROSE_")}, "warm": {}, "cells": {}}
+              "env": {k: v for k, v in os.environ.items() if k.startswith("ROSE_")},
+              "flashinfer_pdl": args.flashinfer_pdl, "warm": {}, "cells": {}}
     path = out_dir / "forward_profile.json"
     pairs = [(m, b) for m in args.models.split(",") for b in args.backends.split(",")]
     for m in args.models.split(","):          # folders first (one writer each)
         make_folder(m, Path(args.folders))
-    base = [sys.executable, "-m", "rose_bench", "forward-profile", "--configs", args.configs, "--folders", args.folders, "--out", args.out]
+    base = [sys.executable, "-m", "rose_bench", "forward-profile", "--configs", args.configs, "--folders", args.folders,
+            "--out", args.out, "--flashinfer-pdl", args.flashinfer_pdl]
 
     def collect(proc, label):
         try:

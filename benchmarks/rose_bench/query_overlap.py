@@ -9,16 +9,18 @@ the same weights, on a CUDA stream of higher priority, beside the bulk batches. 
 a query depends on whether the GPU lets the query's kernels in while a bulk kernel runs, which
 depends on the bulk kernels (persistent kernels hold every SM until they end; a kernel launched with
 programmatic dependent launch is resident before the one before it ends). This bench isolates that
-from the server: per model and variant, one process of its own (environment switches read at import
-or at capture then apply), both engines built as `rose` builds them, and after warming both:
+from the server: per model and variant, one process of its own (settings read at import or at capture
+then apply), both engines built as `rose` builds them, and after warming both:
 - queries alone: `--queries` single 1 x `--query-len` batches on the query engine, one after another;
 - bulk alone: `--bulk-seqs` x `--bulk-len` batches on the main engine, `--inflight` in flight, for
   `--seconds`;
 - both: the bulk loop as before while one query is launched every `--period-ms` from the same thread
   (as the service's scheduler launches both), each timed from its launch to its result on the host.
-A variant is NAME:SETTING,... with SETTING engine.attention=BACKEND (both engines' attention) or
-env.VAR=VALUE (e.g. env.ROSE_FLASHINFER_PDL=1000000: PDL at every size; env.ROSE_ATTENTION_EXCLUDE=
-flashinfer_fa3; env.ROSE_MAIN_ENGINE_SMS=120: the main engine on a green context of 120 SMs). `--trace MODEL/VARIANT,...`: for those cells, a torch
+A variant is NAME:SETTING,... with SETTING engine.attention=BACKEND (both engines' attention),
+engine.flashinfer_pdl=on|off|default (layers/fused.py's flashinfer_pdl: flashinfer's norms and
+SiLU-and-mul with or without programmatic dependent launch) or env.VAR=VALUE (e.g.
+env.ROSE_ATTENTION_EXCLUDE=flashinfer_fa3; env.ROSE_MAIN_ENGINE_SMS=120: the main engine on a green
+context of 120 SMs). `--trace MODEL/VARIANT,...`: for those cells, a torch
 profiler trace of `--trace-ms` of the `both` phase (<out>/trace-MODEL-VARIANT.json: both streams' kernels).
 Results: <out>/query_overlap.json (command, git commit, machine, date), rewritten after every cell.
 """
@@ -38,7 +40,8 @@ import numpy as np
 from rose_bench.record import cuda_available, latency_ms, log, run_record, save_json
 from rose_bench.tail import parse_variant
 
-ENGINE_SETTINGS = ("attention",)      # a variant's engine.* settings
+ENGINE_SETTINGS = ("attention", "flashinfer_pdl")      # a variant's engine.* settings
+FLASHINFER_PDL = {"default": None, "on": True, "off": False}
 
 
 def build_engines(folder: Path, device: str, attention: str | None):
@@ -94,8 +97,11 @@ def checked_variant(variant: str) -> tuple[str, dict]:
     unknown = sorted(set(eng) - set(ENGINE_SETTINGS)) + sorted(f"{m}.*" for m in set(params) - {"engine"}) + \
         sorted(f"{m}.count" for m in counts)
     if unknown:
-        raise ValueError(f"variant {name!r}: unknown setting(s) {unknown}; it takes engine.attention "
-                         f"and env.VAR")
+        raise ValueError(f"variant {name!r}: unknown setting(s) {unknown}; it takes engine.attention, "
+                         f"engine.flashinfer_pdl and env.VAR")
+    if eng.get("flashinfer_pdl", "default") not in FLASHINFER_PDL:
+        raise ValueError(f"variant {name!r}: engine.flashinfer_pdl is one of {', '.join(FLASHINFER_PDL)}, "
+                         f"got {eng['flashinfer_pdl']!r}")
     return name, eng
 
 
@@ -103,7 +109,9 @@ def one(model: str, variant: str, args) -> dict:
     """One model and variant in this process (its environment already set by the parent)."""
     from rose_backend.engine.batch import PackedBatch
     from rose_testing.folders import make_folder
+    from rose_backend.layers import fused
     name, eng = checked_variant(variant)
+    fused.flashinfer_pdl = FLASHINFER_PDL[eng.get("flashinfer_pdl", "default")]
     device = "cuda" if cuda_available() else "cpu"
     folder = make_folder(model, Path(args.folders) / model, device=device)
     cfg, main, query = build_engines(folder, device, eng.get("attention"))

@@ -36,6 +36,7 @@ import numpy as np
 from rose_client.auth import read_key_file, refuse_keys_on_the_command_line
 from rose_client.client import EmbeddingClient
 from rose_client.contract import BULK, LANES
+from rose_client.env_vars import API_KEY, ROSE_URL
 from rose_client.inputs import INPUTS, CliError, blocks, count_rows, iter_texts
 from rose_client.tables import join_parquet, write_part
 
@@ -165,7 +166,7 @@ def _api_key(args) -> str | None:
             return read_key_file(args.api_key_file)
         except ValueError as e:
             raise CliError(str(e)) from None
-    return (os.environ.get("API_KEY") or "").strip() or None
+    return API_KEY.get().strip() or None
 
 
 def _require_pyarrow() -> None:
@@ -286,7 +287,7 @@ def parser() -> argparse.ArgumentParser:
                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="texts: .txt (a line each), .jsonl (--field) or .parquet (--field)")
     p.add_argument("output", help="embeddings: .npy or .parquet")
-    p.add_argument("--url", default=os.environ.get("ROSE_URL", "127.0.0.1:8001"),
+    p.add_argument("--url", default=ROSE_URL.get(),
                    help="comma-separated gRPC urls of the replicas (default $ROSE_URL or 127.0.0.1:8001)")
     p.add_argument("--field", default="text", help="JSON field / parquet column holding the text (default text)")
     p.add_argument("--task", default=None, help="task / prompt name, e.g. query or passage")

@@ -9,7 +9,7 @@ and may be overridden or extended by the deployment ("fallback" prompts fill in 
 the model lacks: the shipped deployment names "query" and "passage" that way). The prompt is prepended to the text before
 tokenizing and truncation applies to the whole (as sentence-transformers does), at the model's
 max_seq_length. Encoding runs in Rust (tokenizers' encode_batch, one text alone too: its single
-`encode` is slower in the stub, benchmarks/RESULTS-host-path.md), which releases the GIL.
+`encode` costs more in the stub), which releases the GIL.
 
     ids, lens, counts = tok.encode_counted(texts)     # counts: each text's tokens before truncation
 

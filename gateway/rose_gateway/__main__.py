@@ -10,13 +10,12 @@ SIGTERM the gateway stops taking connections, gives requests in flight --drain-t
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import uvicorn
 
 from rose_gateway.settings import parse_args
-from rose_gateway.workers import STATE_ENV, mark_serving, reuseport_socket, supervise, unmark_serving, worker_of
+from rose_gateway.workers import STATE, mark_serving, reuseport_socket, supervise, unmark_serving, worker_of
 
 
 class _Server(uvicorn.Server):
@@ -25,7 +24,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
-            mark_serving(os.environ.get(STATE_ENV))
+            mark_serving(STATE.get())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.run(sockets=sockets)
     finally:
-        unmark_serving(os.environ.get(STATE_ENV))
+        unmark_serving(STATE.get())
     return 0 if server.started else 3           # 3: it never served (uvicorn's start-up failure)
 
 

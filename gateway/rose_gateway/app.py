@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 
 import numpy as np
@@ -46,7 +45,7 @@ from rose_gateway.settings import GatewaySettings
 from rose_gateway.tei import Tei
 from rose_gateway.tokens import ModelInfo
 from rose_gateway.triton_state import TritonState
-from rose_gateway.workers import STATE_ENV, serving_count, worker_of
+from rose_gateway.workers import STATE, serving_count, worker_of
 
 log = logging.getLogger("rose_gateway")
 CLOSE_S = 1.0               # at shutdown, the most closing the connections to Triton may take
@@ -252,7 +251,7 @@ class Gateway:
     def workers(self) -> dict[str, int]:
         """Gateway processes on this port: serving now, and started (workers.py)."""
         of = worker_of()
-        return {"serving": serving_count(os.environ.get(STATE_ENV)) if of else 1, "started": of[1] if of else 1}
+        return {"serving": serving_count(STATE.get()) if of else 1, "started": of[1] if of else 1}
 
     async def metrics_page(self, _request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

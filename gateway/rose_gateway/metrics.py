@@ -9,9 +9,9 @@ $PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode) and /metrics, 
 answers it, sums them over all workers, those that have exited included."""
 from __future__ import annotations
 
-import os
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from rose_backend import env_vars
 
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -49,7 +49,7 @@ class GatewayMetrics:
         self.observe("connection", status, 0.0)
 
     def render(self) -> bytes:
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if env_vars.PROMETHEUS_MULTIPROC_DIR.get():
             from prometheus_client import multiprocess
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)

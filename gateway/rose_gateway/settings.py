@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field
 
+from rose_backend import env_vars
 from rose_client.auth import read_key_file, refuse_keys_on_the_command_line
 from rose_client.client import parse_urls
 from rose_gateway.workers import default_workers
@@ -57,19 +57,19 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewaySettings) if f.
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
-    env, d = os.environ, DEFAULTS
+    d = DEFAULTS
     p = argparse.ArgumentParser(prog="python -m rose_gateway", allow_abbrev=False,
                                 description="OpenAI-compatible HTTP gateway in front of rose's Triton servers. "
                                             "API key: $API_KEY or --api-key-file")
     refuse_keys_on_the_command_line(p, "set $API_KEY or pass --api-key-file PATH")
-    p.add_argument("--triton-urls", default=env.get("TRITON_URLS", "127.0.0.1:8001"),
-                   help="gRPC host:port of each Triton replica, comma-separated ($TRITON_URLS)")
-    p.add_argument("--host", default=env.get("ADDRESS", d["host"]), help="address to bind ($ADDRESS)")
-    p.add_argument("--port", type=int, default=int(env.get("GATEWAY_PORT") or d["port"]), help="($GATEWAY_PORT)")
+    p.add_argument("--triton-urls", default="127.0.0.1:8001",
+                   help="gRPC host:port of each Triton replica, comma-separated")
+    p.add_argument("--host", default=d["host"], help="address to bind")
+    p.add_argument("--port", type=int, default=d["port"])
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="a file holding the API key (else $API_KEY): required as 'Authorization: Bearer KEY' "
                         "on /v1/*, and sent to Triton")
-    p.add_argument("--model", dest="model_dir", default=env.get("MODEL") or d["model_dir"],
+    p.add_argument("--model", dest="model_dir", default=d["model_dir"],
                    help="the served model's folder, for token counts ($MODEL; default: the default model)")
     p.add_argument("--served-model-name", default=d["served_model_name"],
                    help="model id in /v1/models (default: the folder's name)")
@@ -90,16 +90,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[GatewaySettings, str]:
     p.add_argument("--keep-alive", type=float, default=d["keep_alive"], help="seconds an idle connection is kept open")
     p.add_argument("--drain-timeout", type=float, default=d["drain_timeout"],
                    help="seconds requests in flight get to finish on SIGTERM before the gateway exits")
-    p.add_argument("--workers", type=int, default=int(env.get("GATEWAY_WORKERS") or default_workers()),
+    p.add_argument("--workers", type=int, default=env_vars.GATEWAY_WORKERS.integer() if env_vars.GATEWAY_WORKERS.get() else default_workers(),
                    help="gateway processes sharing the port ($GATEWAY_WORKERS; default: the cores this process "
                         "may use, %(default)s here)")
     p.add_argument("--log-level", default="warning")
-    p.add_argument("--owner", default=None, help="a label naming who started this gateway, for process "
-                   "listings only (GatewayProcess passes rose_<its pid>_, the prefix the tests' leak check looks for)")
     args = vars(p.parse_args(argv))
     log_level = args.pop("log_level")
-    args.pop("owner")
     key_file = args.pop("api_key_file")
-    args["api_key"] = read_key_file(key_file) if key_file else (env.get("API_KEY") or None)
+    args["api_key"] = read_key_file(key_file) if key_file else (env_vars.API_KEY.get() or None)
     settings = GatewaySettings(**args)
     return settings, log_level

@@ -31,8 +31,10 @@ import subprocess
 import sys
 import time
 
-WORKER_ENV = "ROSE_GATEWAY_WORKER"       # i of n ("0/4"): this process is a worker
-STATE_ENV = "PROMETHEUS_MULTIPROC_DIR"   # the workers' shared folder: metrics, serving marks
+from rose_backend import env_vars
+
+WORKER = env_vars.ROSE_GATEWAY_WORKER          # i of n ("0/4"): this process is a worker
+STATE = env_vars.PROMETHEUS_MULTIPROC_DIR      # the workers' shared folder: metrics, serving marks
 START_GRACE = 10.0                       # seconds: a worker that dies sooner stops the gateway
 STOP_MARGIN = 1.5                        # seconds past the drain time a stopping worker is given
 
@@ -47,7 +49,7 @@ def default_workers() -> int:
 
 def worker_of() -> tuple[int, int] | None:
     """(i, n) when this process is worker i of n, else None."""
-    raw = os.environ.get(WORKER_ENV)
+    raw = WORKER.get()
     if not raw:
         return None
     i, _, n = raw.partition("/")
@@ -120,7 +122,7 @@ def supervise(host: str, port: int, workers: int, argv: list[str], banner: str, 
     stopping: list[float] = []                   # when the first SIGTERM / SIGINT came
 
     def start(i: int) -> tuple[subprocess.Popen, float]:
-        env = {**os.environ, WORKER_ENV: f"{i}/{workers}", STATE_ENV: state}
+        env = {**os.environ, WORKER.name: f"{i}/{workers}", STATE.name: state}
         return subprocess.Popen([sys.executable, "-m", "rose_gateway", *argv], env=env,
                                 preexec_fn=die_with_parent), time.monotonic()
 

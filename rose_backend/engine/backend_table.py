@@ -1,15 +1,15 @@
 """Which attention backend runs which configuration, from measurements.
 
-`python -m rose_bench attention-sweep` (benchmarks/rose_bench/attention_sweep.py) times every backend per (attention shape, sequence-count bucket,
-token bucket) on the GPU and writes attention_table.json beside this file:
+`python -m rose_bench attention-sweep` times every backend per (attention shape, sequence-count
+bucket, token bucket) on the GPU and writes attention_table.json beside this file:
 
-    {"device": "NVIDIA H200", "dtype": "bfloat16", "shapes": {
+    {"device": "<the GPU's name>", "dtype": "bfloat16", "shapes": {
         "h16kv16d64": [{"seqs": 1, "tokens": 128, "us": {"flashinfer": 9.1, "torch_varlen": 11.0},
                         "best": "flashinfer", "margin": 1.21}, ...]}}
 
 `choose` estimates each backend's time at the configuration from the measured cells of the nearest
-sequence count, interpolated in tokens (`estimate`), and takes the cheapest that can run here; with no table or no cell for the shape it falls
-back to a fixed preference order. No torch at import.
+sequence count, interpolated in tokens (`estimate`), and takes the cheapest that can run here; with
+no table or no cell for the shape it falls back to a fixed preference order. No torch at import.
 """
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ import math
 from pathlib import Path
 
 TABLE_PATH = Path(__file__).with_name("attention_table.json")
-# With no measured cell: flashinfer's Hopper kernels first (fastest whole forward at 1 x 128, 1 x 512,
-# 1 x 4096 and 100 x 512 for both the BGE-M3 and the pplx-embed heads on the H200, and correct in
-# graphs there: benchmarks/RESULTS-engine.md), then torch varlen, flashinfer fa2,
-# FlashAttention 4; fa3 needs sm_90, so elsewhere torch varlen leads.
+# With no measured cell: flashinfer's Hopper kernels first (the fastest whole forward from lone
+# queries to full batches for both the BGE-M3 and the pplx-embed heads, and correct in graphs), then
+# torch varlen, flashinfer fa2, FlashAttention 4; fa3 needs sm_90, so elsewhere torch varlen leads.
 PREFERENCE = ("flashinfer_fa3", "torch_varlen", "flashinfer", "flash_attn4", "sdpa_loop")
 
 
@@ -57,8 +56,8 @@ class BackendTable:
         """{backend: us per layer call} at (seqs, tokens): the cells of the nearest measured sequence
         count (the smaller on a tie), interpolated between the measured token counts on either side of
         `tokens` in log-log space (attention time grows as a power of the tokens), or the nearest cell
-        past the ends. A lone 4,096-token sequence lies halfway between the 2,048 and 8,192 cells: the
-        nearest of them alone (2,048) hid fa3's lead there (7.9 against 9.7 ms a BGE-M3 forward)."""
+        past the ends. A lone 4,096-token sequence lies halfway between the 2,048 and 8,192 cells, and
+        the nearest of them alone (2,048) would hide a backend's lead that grows with the tokens."""
         cells = self.shapes.get(shape_key, [])
         if not cells:
             return {}

@@ -12,14 +12,13 @@ trust_remote_code, `make serve TRUST_REMOTE_CODE=1`): running it runs that Pytho
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rose_backend import env_vars
 from rose_backend.config import ModelConfig, ModelFolderError, family_of, resolve_model_dir
 from rose_backend.model_families import native_family, why_not_native
 
-TRUST_VARIABLE = "ROSE_TRUST_REMOTE_CODE"       # the launcher's --trust-remote-code / TRUST_REMOTE_CODE=1
 TRUST_SETTING = ("the `rose` parameter trust_remote_code=true (make serve TRUST_REMOTE_CODE=1, "
                  "launcher --trust-remote-code, or $ROSE_TRUST_REMOTE_CODE=1)")
 
@@ -79,8 +78,7 @@ def check_remote_code(cfg: ModelConfig, choice: EngineChoice, trusted: bool) -> 
 
 def trust_remote_code(setting: str = "", env=None) -> bool:
     """The `rose` parameter trust_remote_code: "true" / "false", or empty: $ROSE_TRUST_REMOTE_CODE."""
-    value = setting or (os.environ if env is None else env).get(TRUST_VARIABLE, "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    return (setting or env_vars.ROSE_TRUST_REMOTE_CODE.get(env)).strip().lower() in env_vars.TRUE
 
 
 def check_engine(folder: str | None, kind: str | None, env) -> EngineChoice:

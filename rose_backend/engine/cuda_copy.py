@@ -2,9 +2,8 @@
 driver calls (libcuda through ctypes): the lone path's three transfers (engine.py, run_lone).
 
 A torch copy_ between a pinned tensor and a device tensor also records an event for the host
-allocator and goes through the dispatcher; measured on the H200 host at 1 x 128 tokens, the lone
-path's host-to-device copy and device-to-host copy took 40-90 us each that way. Here each is one
-driver call on raw pointers that the caller keeps (the buffers live as long as the engine).
+allocator and goes through the dispatcher, host time that a lone request waits for. Here each is
+one driver call on raw pointers that the caller keeps (the buffers live as long as the engine).
 
     copies = DriverCopies()                       # CUDA hosts only
     copies.to_device(dst_ptr, src_ptr, nbytes, stream)

@@ -2,7 +2,7 @@
 
     budget = engine_budget(cfg, "cuda:0", EngineOptions(max_tokens=BATCH_TOKENS, max_seqs=BATCH_SEQS,
                                                        graph_memory_cap_bytes=4 << 30))
-    budget.total, budget.describe()    # BGE-M3 on an H200: "weights 1085 MiB, graphs 4096 MiB, ... = 6157 MiB"
+    budget.total, budget.describe()    # "weights 1085 MiB, graphs 4096 MiB, ... = 6157 MiB"
     check_fits(budget, device_limit("cuda:0"))   # MemoryBudgetExceeded naming every part
 
 The parts (bytes; b = bytes per element of the engine's dtype):

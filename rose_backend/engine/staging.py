@@ -135,8 +135,8 @@ def lone_template(sb: int, tb: int, t: int, pad_id: int) -> np.ndarray:
 
 def stage_lone(input_ids: np.ndarray, layout: Layout, out: np.ndarray, pad_id: int, arange: np.ndarray) -> int:
     """`stage` for one sequence (the online case): in a small layout two copies, its cached template
-    (`lone_template`) then its ids; past that, scalars and slices (no per-token index math). On the
-    GPU host each numpy call on this path costs 5-20 us."""
+    (`lone_template`) then its ids; past that, scalars and slices (no per-token index math): on
+    this path each numpy call's fixed cost counts."""
     t, sb, tb = input_ids.shape[0], layout.sb, layout.tb
     if tb <= LONE_TEMPLATE_MAX_TOKENS:
         out[:layout.words] = lone_template(sb, tb, t, pad_id)

@@ -3,7 +3,7 @@
 - The query lane's engine (serving/query_lane.py): a stream of higher priority, so that its
   kernels' blocks are dispatched before the bulk batches' waiting ones.
 - The main engine: the thread's current stream, or, under $ROSE_MAIN_ENGINE_SMS=N
-  (layers/switches.py), a stream of a CUDA green context of N SMs. Its eager passes and its graphs'
+  (rose_backend/env_vars.py), a stream of a CUDA green context of N SMs. Its eager passes and its graphs'
   captures then run there, so its kernels never take the other SMs, which stay free for the query
   lane's engine (on the whole device).
 """
@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from rose_backend.layers import switches
+from rose_backend import env_vars
 
 
 class EngineStream:
@@ -26,7 +26,7 @@ class EngineStream:
         if query_lane:
             self.stream = torch.cuda.Stream(device, priority=-1)
             return
-        self.sms = switches.main_engine_sms()
+        self.sms = env_vars.ROSE_MAIN_ENGINE_SMS.integer()
         if self.sms:
             from torch.cuda.green_contexts import GreenContext
             self.green = GreenContext.create(num_sms=self.sms, device_id=device.index)

@@ -6,17 +6,17 @@ generated repository (reranker_repository): the embedding models as ever, plus `
 `rerank_rose` (copies of `tokenize` and `rose`, their settings included, with model_dir and model_kind
 set to the reranker folder's) and a `rerank` ensemble over them. Their model_dir parameters name no
 local path (Triton serves model configurations to inference callers): the embedding models read
-$ROSE_MODEL_DIR as ever, the reranker's steps $ROSE_RERANKER_DIR (RERANKER_DIR_VARIABLE), which the
-server's environment carries."""
+$ROSE_MODEL_DIR as ever, the reranker's steps $ROSE_RERANKER_DIR, which the server's environment
+carries."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from rose_backend import env_vars
 from rose_backend.triton.model_settings import edit_model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]          # the project's folder
@@ -26,7 +26,6 @@ RERANK_MODELS = ("tokenize", "rose", "rerank")
 # a reranker beside an embedding model: its own steps, {name: the model it is a copy of}
 RERANKER_STEPS = {"rerank_tokenize": "tokenize", "rerank_rose": "rose"}
 WITH_RERANKER = MODELS + (*RERANKER_STEPS, "rerank")
-RERANKER_DIR_VARIABLE = "ROSE_RERANKER_DIR"
 
 
 def folder_kind(folder: str | Path | None, kind: str | None = None, env: dict | None = None) -> str:
@@ -41,8 +40,7 @@ def served_models(model_dir: str | None, env: dict | None = None, reranker: str 
     reranker folder beside an embedding folder, both sets (WITH_RERANKER). ModelFolderError when the
     pair is not an embedding folder and a reranker folder."""
     from rose_backend.config import ModelFolderError, resolve_model_dir
-    env = os.environ if env is None else env
-    kind = folder_kind(model_dir, env.get("ROSE_MODEL_KIND") or None, env)
+    kind = folder_kind(model_dir, env_vars.ROSE_MODEL_KIND.get(env) or None, env)
     if reranker is None:
         return MODELS if kind == "embedding" else RERANK_MODELS
     if kind != "embedding":
@@ -63,7 +61,7 @@ def reranker_repository(src: Path, dest: Path, reranker: str) -> Path:
     side (see the module docstring); both folders' kinds are written into their models' parameters."""
     embedding = {"model_dir": "", "model_kind": "embedding"}
     repository_copy(src, dest, {"tokenize": embedding, "rose": embedding})
-    own = {"model_dir": "$" + RERANKER_DIR_VARIABLE, "model_kind": folder_kind(reranker, "auto")}
+    own = {"model_dir": "$" + env_vars.ROSE_RERANKER_DIR.name, "model_kind": folder_kind(reranker, "auto")}
     for name, base in RERANKER_STEPS.items():
         shutil.copytree(dest / base, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         edit_model_config(dest / name / "config.pbtxt", name=name, parameters=own)

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from rose_backend import env_vars
 from rose_backend.launch.child import ChildProcess, http_answer, reachable
 from rose_backend.launch.deployment import REPO_ROOT
 from rose_backend.processes import GATEWAY_STATE_PREFIX, remove_unowned
@@ -43,16 +44,14 @@ class GatewayProcess(ChildProcess):
     def start(self) -> "GatewayProcess":
         env = dict(os.environ)
         paths = [str(REPO_ROOT / "gateway"), str(REPO_ROOT / "client"), str(REPO_ROOT)]
-        env["PYTHONPATH"] = ":".join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env[env_vars.PYTHONPATH.name] = ":".join(paths + [p for p in [env_vars.PYTHONPATH.get(env)] if p])
         env.pop("API_KEY", None)
         for var in ("ADMIN_KEY", "ROSE_ADMIN_KEY"):  # the control plane's key stays with the launcher
             env.pop(var, None)
         if self.api_key:
             env["API_KEY"] = self.api_key          # by environment: kept out of `ps`
-        # --owner: the prefix TritonProcess puts on its servers (rose_<pid>_), so whoever started this
-        # gateway finds it in the process table (the tests' leak check)
         cmd = [sys.executable, "-m", "rose_gateway", "--triton-urls", self.urls, "--host", self.host,
-               "--port", str(self.port), "--owner", f"rose_{os.getpid()}_"] + \
+               "--port", str(self.port)] + \
             (["--model", str(self.model_dir)] if self.model_dir else []) + \
             ["--drain-timeout", str(self.drain_timeout)] + self.extra_args
         self.spawn(cmd, env)        # its own process group; SIGKILL when the process that started it dies

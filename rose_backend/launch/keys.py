@@ -20,6 +20,7 @@ import ipaddress
 import secrets
 from dataclasses import dataclass, field
 
+from rose_backend import env_vars
 from rose_client.auth import ADMIN_KEY_NAME, API_KEY_NAME, check_key, read_key_file
 
 CONTROL_PLANE = ("model-repository", "shared-memory", "trace", "logging")
@@ -34,22 +35,23 @@ class Keys:
     admin_key: str = field(default="", repr=False)
 
 
-def key_from(env: dict, name: str) -> str | None:
-    """$name, checked; surrounding whitespace (a Secret file's newline) is not part of it."""
-    return check_key((env.get(name) or "").strip(), name)
+def key_from(env: dict | None, variable: env_vars.Variable) -> str | None:
+    """The key in `variable` (of `env`; None: this process's environment), checked; surrounding
+    whitespace (a Secret file's newline) is not part of it."""
+    return check_key(variable.get(env).strip(), variable.name)
 
 
-def admin_key_from(env: dict) -> str:
+def admin_key_from(env: dict | None) -> str:
     """$ADMIN_KEY (checked), else a fresh random key."""
-    return key_from(env, "ADMIN_KEY") or secrets.token_urlsafe(32)
+    return key_from(env, env_vars.ADMIN_KEY) or secrets.token_urlsafe(32)
 
 
-def launch_keys(env: dict, api_key_file: str | None = None) -> Keys:
+def launch_keys(env: dict | None, api_key_file: str | None = None) -> Keys:
     """The launch's keys from its environment (and key file); ValueError naming what is wrong."""
     if api_key_file:
         api_key = check_key(read_key_file(api_key_file), f"the key in --api-key-file {api_key_file}")
     else:
-        api_key = key_from(env, "API_KEY")
+        api_key = key_from(env, env_vars.API_KEY)
     return Keys(api_key, admin_key_from(env))
 
 

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rose_backend import env_vars
 from rose_backend.engine.batch_limits import BATCH_SEQS, BATCH_TOKENS
 from rose_backend.launch.supervision import cache_env
 
@@ -101,7 +102,6 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
 
     from rose_backend.engine.backend_table import BackendTable
     from rose_backend.engine.graph_cache import seq_buckets, token_buckets
-    from rose_backend.layers import switches
     from rose_backend.layers.attention import BACKENDS, backend_class
     from rose_backend.layers.attention_gpu import installed
     from rose_backend.models.registry import attention_shape
@@ -111,7 +111,7 @@ def chosen_backends(cfg, runnable: list[str], dtype: str, max_tokens: int, max_s
         cuda.append("torch_varlen")
     if installed("flash_attn.cute"):
         cuda.append("flash_attn4")
-    excluded = switches.attention_excluded()
+    excluded = env_vars.ROSE_ATTENTION_EXCLUDE.names()
     available = [n for n in BACKENDS if n in cuda and n not in excluded]
     if not available:
         return set()

@@ -27,9 +27,10 @@ import sys
 import threading
 import time
 
+from rose_backend import env_vars
+from rose_backend.engine.choice import check_engine
 from rose_backend.launch.args import parse_args
 from rose_backend.launch.banner import banner
-from rose_backend.engine.choice import TRUST_VARIABLE, check_engine
 from rose_backend.launch.deployment import Ports
 from rose_backend.launch.gateway import GatewayProcess
 from rose_backend.launch.gateway_watch import GatewayFailed, GatewayWatch
@@ -89,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rose: {e}", file=sys.stderr)
         return 2
     if args.kind:
-        os.environ["ROSE_MODEL_KIND"] = args.kind
+        os.environ[env_vars.ROSE_MODEL_KIND.name] = args.kind
     if args.trust_remote_code:
-        os.environ[TRUST_VARIABLE] = "1"
+        os.environ[env_vars.ROSE_TRUST_REMOTE_CODE.name] = "1"
     warning = exposure_warning(args.address, keys.api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = []
     from rose_backend.config import ModelFolderError
     try:
-        check_engine(args.model, os.environ.get("ROSE_MODEL_KIND") or None, os.environ)
+        check_engine(args.model, env_vars.ROSE_MODEL_KIND.get() or None, os.environ)
         if args.reranker:
             check_engine(args.reranker, "auto", os.environ)
     except ModelFolderError as e:               # the folder's problem in one line, no traceback

@@ -17,6 +17,8 @@ import signal
 import time
 from pathlib import Path
 
+from rose_backend import env_vars
+
 EXIT_MARGIN_S = 2          # tritonserver's exit timeout = drain_timeout_s + this
 KILL_MARGIN_S = 2          # the launcher kills a server this long after its exit timeout (a server
                            # whose `rose` stub was killed -9 does not exit at its exit timeout)
@@ -53,10 +55,9 @@ def exit_timeout_for(repository: str | Path) -> int:
 
 def cache_dir(env: dict | None = None) -> Path:
     """$ROSE_CACHE_DIR, else $XDG_CACHE_HOME/rose, else ~/.cache/rose."""
-    env = os.environ if env is None else env
-    if env.get("ROSE_CACHE_DIR"):
-        return Path(env["ROSE_CACHE_DIR"]).expanduser()
-    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "rose"
+    if env_vars.ROSE_CACHE_DIR.get(env):
+        return Path(env_vars.ROSE_CACHE_DIR.get(env)).expanduser()
+    return Path(env_vars.XDG_CACHE_HOME.get(env) or Path.home() / ".cache").expanduser() / "rose"
 
 
 def cache_env(env: dict) -> dict:
@@ -65,7 +66,7 @@ def cache_env(env: dict) -> dict:
     Triton-language kernels (TRITON_CACHE_DIR), torch inductor (TORCHINDUCTOR_CACHE_DIR) and the
     CUDA driver's PTX cache (CUDA_CACHE_PATH)."""
     root = cache_dir(env).resolve()
-    env.setdefault("ROSE_CACHE_DIR", str(root))
+    env.setdefault(env_vars.ROSE_CACHE_DIR.name, str(root))
     for var, sub in (("FLASHINFER_WORKSPACE_BASE", "flashinfer"), ("TRITON_CACHE_DIR", "triton"),
                      ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("CUDA_CACHE_PATH", "cuda")):
         env.setdefault(var, str(root / sub))

@@ -15,7 +15,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rose_backend.config import MODEL_DIR_VARIABLE
+from rose_backend import env_vars
 from rose_backend.launch.deployment import REPO_ROOT
 
 
@@ -31,16 +31,16 @@ class TritonInstall:
 
 
 def find_triton() -> TritonInstall:
-    env_bin = os.environ.get("TRITONSERVER_BIN")
+    env_bin = env_vars.TRITONSERVER_BIN.get()
     if env_bin:
         binary = Path(env_bin)
         if not binary.exists():
             raise LaunchError(f"TRITONSERVER_BIN={env_bin} does not exist")
-        backend_dir = os.environ.get("TRITON_BACKEND_DIR")
+        backend_dir = env_vars.TRITON_BACKEND_DIR.get()
         if backend_dir:
             return TritonInstall(binary, Path(backend_dir))
         return _pytriton_layout(binary) if (binary.parent.parent / "backends").exists() else TritonInstall(binary, None)
-    on_path = shutil.which("tritonserver")
+    on_path = shutil.which("tritonserver", path=env_vars.PATH.get() or None)
     if on_path:
         return TritonInstall(Path(on_path), None)
     # The nvidia-pytriton wheel (installed with --no-deps, only for its bundled server): located,
@@ -68,7 +68,7 @@ def _pytriton_layout(binary: Path) -> TritonInstall:
         except OSError:
             # read-only install: use a private copy of the backend dir; the stub then finds its
             # bundled libraries through LD_LIBRARY_PATH instead of its relative rpath
-            private = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rose" / "backends"
+            private = Path(env_vars.XDG_CACHE_HOME.get() or Path.home() / ".cache") / "rose" / "backends"
             shutil.copytree(backend_dir, private, dirs_exist_ok=True)
             shutil.copy2(stub, private / "python" / "triton_python_backend_stub")
             return TritonInstall(binary, private, [str(libs)])
@@ -81,19 +81,18 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
     env = dict(os.environ if base is None else base)
     # The stub embeds libpython: load this interpreter's own, not another build of the same version.
     ld = [sysconfig.get_config_var("LIBDIR") or ""] + install.extra_ld_paths
-    if env.get("LD_LIBRARY_PATH"):
-        ld.append(env["LD_LIBRARY_PATH"])
-    env["LD_LIBRARY_PATH"] = ":".join(p for p in ld if p)
+    ld.append(env_vars.LD_LIBRARY_PATH.get(env))
+    env[env_vars.LD_LIBRARY_PATH.name] = ":".join(p for p in ld if p)
     # The stub runs the models with this Python: make the project and this environment importable.
     # ROSE_STUB_SITE, if set, comes first (see stub_site()).
     paths = [p for p in [stub_site(env)] if p] + [str(REPO_ROOT), str(REPO_ROOT / "ensemble"), str(REPO_ROOT / "client")]
     paths += [p for p in sys.path if p and ("site-packages" in p or p.endswith("dist-packages"))]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = ":".join(dict.fromkeys(paths))
-    env["ROSE_PYTHONPATH"] = env["PYTHONPATH"]      # the stub ignores PYTHONPATH; model.py reads this
+    if env_vars.PYTHONPATH.get(env):
+        paths.append(env_vars.PYTHONPATH.get(env))
+    env[env_vars.PYTHONPATH.name] = ":".join(dict.fromkeys(paths))
+    env[env_vars.ROSE_PYTHONPATH.name] = env["PYTHONPATH"]   # the stub ignores PYTHONPATH; model.py reads this
     if model_dir:
-        env[MODEL_DIR_VARIABLE] = str(Path(model_dir).expanduser().resolve())
+        env[env_vars.ROSE_MODEL_DIR.name] = str(Path(model_dir).expanduser().resolve())
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "true")
     return env
@@ -102,11 +101,11 @@ def server_env(model_dir: str | None, install: TritonInstall, base: dict | None 
 def stub_site(env: dict | None = None) -> str | None:
     """$ROSE_STUB_SITE: a folder of packages the backend stub imports before anything else.
 
-    Where the interpreter has numpy 2 it holds numpy<2 (benchmarks/gpu/add_stub_numpy.sh): Triton
+    Where the interpreter has numpy 2 it holds numpy<2 (`pip install --target DIR numpy==1.26.4`): Triton
     2.51's Python backend (pybind11 2.10) misreads numpy 2 arrays (python_backend#384). The stub
     imports numpy from its own sys.path, whose first entry is the working directory, so the server
     is started in this folder."""
-    path = (os.environ if env is None else env).get("ROSE_STUB_SITE", "").strip()
+    path = env_vars.ROSE_STUB_SITE.get(env).strip()
     if path and not Path(path, "numpy").is_dir():
         raise LaunchError(f"ROSE_STUB_SITE={path} holds no numpy package")
     return path or None

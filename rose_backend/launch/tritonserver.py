@@ -19,7 +19,8 @@ from pathlib import Path
 
 from rose_backend.launch.argv_scrub import options_read, scrub_argv
 from rose_backend.launch.child import ChildProcess, http_status, kill_group, reachable
-from rose_backend.launch.deployment import (DEFAULT_REPOSITORY, MODELS, RERANKER_DIR_VARIABLE, Ports,
+from rose_backend import env_vars
+from rose_backend.launch.deployment import (DEFAULT_REPOSITORY, MODELS, Ports,
                                             reranker_repository, served_models)
 from rose_backend.launch.scratch import remove_python_envs_of_dead_servers
 from rose_backend.launch.keys import KEY_VARIABLES, key_from, restricted_args
@@ -27,7 +28,6 @@ from rose_backend.launch.supervision import KILL_MARGIN_S, StopRequested, aborte
 from rose_backend.launch.triton_install import LaunchError, TritonInstall, find_triton, server_env, stub_site
 from rose_backend.launch.triton_stop import stop_tritonserver
 from rose_backend.processes import PortInUse, check_ports_free
-from rose_backend.triton.server_restarts import RESTARTS_VARIABLE
 from rose_client.auth import check_key
 
 
@@ -66,7 +66,7 @@ class TritonProcess(ChildProcess):
         self.model_dir, self.repository = model_dir, Path(repository).resolve()
         self.models, self.reranker, self.source_repository = models, reranker, self.repository
         if models is None and (reranker or (self.repository / "rose" / "config.pbtxt").exists()):
-            self.models = served_models(model_dir, os.environ if env is None else env, reranker)
+            self.models = served_models(model_dir, env, reranker)
         self.die_with_parent = options.die_with_parent
         self.exit_timeout = exit_timeout_for(self.repository) if options.exit_timeout is None else options.exit_timeout
         self.ports, self.address = ports or Ports(), options.address
@@ -75,8 +75,7 @@ class TritonProcess(ChildProcess):
             raise LaunchError("extra_args restrict Triton's protocols, which TritonProcess does itself: "
                               "pass ServerOptions(api_key=..., admin_key=...) instead")
         self.api_key = check_key(options.api_key, "api_key")
-        self._fixed_admin_key = check_key(options.admin_key, "admin_key") or key_from(
-            os.environ if env is None else env, "ADMIN_KEY")
+        self._fixed_admin_key = check_key(options.admin_key, "admin_key") or key_from(env, env_vars.ADMIN_KEY)
         self.admin_key = self._fixed_admin_key or secrets.token_urlsafe(32)
         self.proc = None
         self.restarted = False                   # wait_ready started it once more (aborted_at_start)
@@ -124,10 +123,10 @@ class TritonProcess(ChildProcess):
         if self._fixed_admin_key is None and not keep_keys:
             self.admin_key = secrets.token_urlsafe(32)
         env = cache_env(server_env(self.model_dir, install, self.env))
-        env[RESTARTS_VARIABLE] = str(self.restarts)            # its metrics port counts them (server_restarts.py)
+        env[env_vars.ROSE_SERVER_RESTARTS.name] = str(self.restarts)   # its metrics port counts them (server_restarts.py)
         if self.reranker:
             from rose_backend.config import resolve_model_dir
-            env[RERANKER_DIR_VARIABLE] = str(resolve_model_dir(self.reranker))
+            env[env_vars.ROSE_RERANKER_DIR.name] = str(resolve_model_dir(self.reranker))
         for var in KEY_VARIABLES:                # the server reads its keys from its options only
             env.pop(var, None)
         self.scrubbed = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rose_backend.layers import fused, switches
+from rose_backend.layers import fused
 
 _ACT = {
     "gelu": lambda x: F.gelu(x),                         # exact (erf) GELU, BERT / XLM-R
@@ -29,7 +29,7 @@ def activation(name: str):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a fused gate/up projection: [T, 2F] -> [T, F] (flashinfer's kernel on CUDA)."""
     if fused.half_kernels(x):
-        return fused.flashinfer.activation.silu_and_mul(x, enable_pdl=switches.flashinfer_pdl())
+        return fused.flashinfer.activation.silu_and_mul(x, enable_pdl=fused.flashinfer_pdl)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -52,7 +52,7 @@ def gated(x: torch.Tensor, name: str) -> torch.Tensor:
     """GATED[name] on x [T, 2F] (gate columns, then up) -> [T, F] (flashinfer's kernel on CUDA)."""
     act, kernel = GATED[name]
     if fused.half_kernels(x):
-        return getattr(fused.flashinfer.activation, kernel)(x, enable_pdl=switches.flashinfer_pdl())
+        return getattr(fused.flashinfer.activation, kernel)(x, enable_pdl=fused.flashinfer_pdl)
     gate, up = x.chunk(2, dim=-1)
     return activation(act)(gate) * up
 

@@ -35,7 +35,7 @@ from typing import Hashable
 import torch
 import torch.nn.functional as F
 
-from rose_backend.layers import switches
+from rose_backend import env_vars
 
 
 @dataclass(slots=True)
@@ -211,7 +211,7 @@ def unavailable_reason(name: str, shape: AttentionShape, device: torch.device | 
 
 def available_backends(shape: AttentionShape, device: torch.device | str) -> list[str]:
     """Backends that can run `shape` here, less those named in $ROSE_ATTENTION_EXCLUDE (comma list)."""
-    excluded = switches.attention_excluded()
+    excluded = env_vars.ROSE_ATTENTION_EXCLUDE.names()
     return [n for n in BACKENDS if n not in excluded and unavailable_reason(n, shape, device) is None]
 
 

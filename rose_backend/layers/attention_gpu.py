@@ -8,7 +8,7 @@ import inspect
 
 import torch
 
-from rose_backend.layers import switches
+from rose_backend import env_vars
 from rose_backend.layers.attention import AttentionBackend, AttentionMetadata, AttentionShape
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -146,22 +146,22 @@ class FlashInferBackend(AttentionBackend):
     Split-KV is off for eager batches (no KV cache: the query tiles fill the GPU, and no merge
     kernel). In CUDA-graph mode it stays on: flashinfer pads the grid to a fixed size there and only
     the split-KV schedule writes the mask that retires the padding blocks (with it off, those
-    blocks read stale schedule entries: an illegal address, seen on the H200 at 1 x 8192).
+    blocks read stale schedule entries and fault with an illegal address).
     """
     name = "flashinfer"
     flashinfer_backend = "fa2"
     supports_cuda_graphs = True
     device_types = ("cuda",)
-    # Graph mode's split-KV scratch grows with the batch: 256 MB served up to 8192 tokens in the H200
-    # sweep and overflowed past it. The workspace is sized from $ROSE_FLASHINFER_WORKSPACE_MB
-    # (default 512: the 16384-token batches of the default budget) and the token limit scales
-    # with it (8192 tokens per 256 MB; 2048 MB served 100 x 512 = 51200 tokens on the H200).
-    float_workspace_bytes = switches.flashinfer_workspace_mb() << 20
+    # Graph mode's split-KV scratch grows with the batch: each 256 MiB of float workspace serves
+    # 8192 tokens, and a larger batch overflows it. The workspace is sized from
+    # $ROSE_FLASHINFER_WORKSPACE_MB (default 512: the 16384-token batches of the default budget) and
+    # the token limit scales with it.
+    float_workspace_bytes = env_vars.ROSE_FLASHINFER_WORKSPACE_MB.integer() << 20
     max_tokens = 8192 * max(1, float_workspace_bytes // (256 << 20))
     int_workspace_bytes = (8 << 20) * max(1, float_workspace_bytes // (256 << 20))
-    # plan() schedules the batch in Python and copies the schedule to the device: the engine's
-    # "planned" stage took 396 us p50 with fa3 on the H200 host (benchmarks/
-    # RESULTS-host-path.md, at 9679ade), about 60 us of it the engine's own work around the plan.
+    # plan() schedules the batch in Python and copies the schedule to the device before the forward
+    # pass: the host time a lone request waits for besides the device time, which the backend choice
+    # adds to this backend's estimate (BackendTable.choose's plan_us)
     host_plan_us = 330.0
 
     @classmethod

@@ -1,11 +1,10 @@
 """FP8 projections for large batches: e4m3 weights with per-output-channel scales, activations with
 per-token scales computed on the device (inside a CUDA graph), one `torch._scaled_mm` per GEMM.
 
-On the H200 a probe of the row-wise scaled FP8 GEMM ran BGE-M3's and Qwen3-0.6B's projections
-1.3-1.8x faster than bf16 at 51,200 tokens and 0.55-0.79x (slower) at 128 tokens, at 7e-4 of
-1 - cos per GEMM against float32. So a quantized layer keeps its model-dtype weight too and runs
-FP8 only for batches of at least `min_tokens` tokens (the engine's `fp8_min_tokens`), as the
-attention backend is chosen per configuration; each configuration's graph captures one path.
+The row-wise scaled FP8 GEMM beats bf16 on large batches and loses to it on small ones (the
+activations' quantization is a pass of its own). So a quantized layer keeps its model-dtype weight
+too and runs FP8 only for batches of at least `min_tokens` tokens (the engine's `fp8_min_tokens`),
+as the attention backend is chosen per configuration; each configuration's graph captures one path.
 
     quantize_linears(model, min_tokens=4096)     # every projection of the transformer layers
     y = layer(x)                                 # Fp8Linear: FP8 at >= min_tokens rows, else F.linear
@@ -26,15 +25,14 @@ FP8_MAX = float(torch.finfo(FP8).max)            # 448
 _EPS = 1e-12
 # the transformer layers' projections, by the attribute names of models/bert.py and models/qwen3.py
 PROJECTIONS = ("qkv", "o_proj", "ffn_up", "ffn_down", "qkv_proj", "gate_up_proj", "down_proj")
-# The batch size, in tokens, from which FP8 paid on the H200 (rose_bench engine --fp8-min-tokens 1,
-# CUDA graph device time, bf16 against FP8; benchmarks/RESULTS-engine.md): BGE-M3's shape 0.99x at
-# 4,096 and 1.07x at 12,800; pplx-embed's (Qwen3 0.6B) 1.00x at 2,560 and 1.06x at 4,096.
-MEASURED_MIN_TOKENS = {"encoder": 8192, "decoder": 4096}
+# The batch size, in tokens, from which a forward pass with FP8 projections takes less device time
+# than with bf16 ones, per model family (`python -m rose_bench engine --fp8-min-tokens 1` finds it).
+DEFAULT_MIN_TOKENS = {"encoder": 8192, "decoder": 4096}
 
 
-def measured_min_tokens(cfg) -> int:
-    """fp8_min_tokens where none is set: the measured crossover of the model's family (ModelConfig)."""
-    return MEASURED_MIN_TOKENS["decoder" if cfg.is_decoder else "encoder"]
+def default_min_tokens(cfg) -> int:
+    """fp8_min_tokens where none is set: the crossover of the model's family (ModelConfig)."""
+    return DEFAULT_MIN_TOKENS["decoder" if cfg.is_decoder else "encoder"]
 
 
 def unavailable_reason(device: torch.device | str) -> str | None:

@@ -1,7 +1,10 @@
-"""The one switch for the fused GPU kernels, for A/B measurements and float32 references.
+"""The switches of the fused GPU kernels: module attributes, for float32 references and for
+experiments that patch them in their own process (before an engine captures its graphs).
 
     from rose_backend.layers import fused
     fused.enabled = False      # every layer takes its plain torch path (Hugging Face numerics)
+    fused.flashinfer_pdl       # enable_pdl for flashinfer's norms and SiLU-and-mul: None (flashinfer's
+                               # default: on from sm_90), True or False; read at each launch / capture
 
 Covered: the Triton-language kernels (add + LayerNorm, embeddings + LayerNorm, q/k norm + RoPE),
 flashinfer's norms and SiLU-and-mul, and the cuBLASLt GELU epilogue. The flashinfer and q/k-norm
@@ -12,6 +15,7 @@ from __future__ import annotations
 import torch
 
 enabled = True
+flashinfer_pdl: bool | None = None
 
 try:                                        # optional GPU kernels; the CPU path never needs them
     import flashinfer

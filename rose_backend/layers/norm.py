@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rose_backend.layers import fused, switches
+from rose_backend.layers import fused
 from rose_backend.layers.projection import Partials
 
 
@@ -71,8 +71,8 @@ class AddRMSNorm(RMSNorm):
             return _triton().parts_add_rmsnorm_(x.parts, x.bias, residual, self.weight, self.eps), residual
         if fused.half_kernels(x):
             if residual is None:
-                return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl()), x
-            fused.flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl())
+                return fused.flashinfer.norm.rmsnorm(x, self.weight, self.eps, enable_pdl=fused.flashinfer_pdl), x
+            fused.flashinfer.norm.fused_add_rmsnorm(x, residual, self.weight, self.eps, enable_pdl=fused.flashinfer_pdl)
             return x, residual
         if residual is not None:
             x = x + residual
@@ -90,7 +90,7 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fused.half_kernels(x) and x.dim() == 2 and x.is_contiguous():
-            return fused.flashinfer.norm.gemma_rmsnorm(x, self.weight, self.eps, enable_pdl=switches.flashinfer_pdl())
+            return fused.flashinfer.norm.gemma_rmsnorm(x, self.weight, self.eps, enable_pdl=fused.flashinfer_pdl)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
@@ -105,7 +105,7 @@ class AddGemmaRMSNorm(GemmaRMSNorm):
             return super().forward(x), x
         if fused.half_kernels(x):
             fused.flashinfer.norm.gemma_fused_add_rmsnorm(x, residual, self.weight, self.eps,
-                                                          enable_pdl=switches.flashinfer_pdl())
+                                                          enable_pdl=fused.flashinfer_pdl)
             return x, residual
         x = x + residual
         return super().forward(x), x

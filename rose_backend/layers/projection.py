@@ -1,20 +1,19 @@
 """The projections at small token counts: split-K for those that feed a residual add + norm (`o`
 and `down`), and gate/up with the SwiGLU in the GEMM's epilogue.
 
-At 128-256 tokens cuBLAS leaves most SMs idle on these narrow GEMMs (N = hidden size, K up to
-4096); the split-K kernel (layers/small_gemm.py) measured 8.5 -> 5.1 us for BGE-M3's `down` and
-5.6 -> 4.0 us for pplx-embed's `o` at 128 tokens on the H200 (benchmarks/results/
-gemm-sweep-splitk/bge-m3-pplx-embed-h200.json), and was slower from 512 tokens on. It returns fp32 partial products; the
-add + norm that follows (layers/norm.py) sums them with the bias and the residual in one pass, so
-the split adds no kernel, and the projection's output is never rounded to bf16.
+At a few hundred tokens cuBLAS leaves most SMs idle on these narrow GEMMs (N = hidden size, K up
+to 4096); the split-K kernel (layers/small_gemm.py) spreads K over more blocks, which pays up to
+`max_tokens` tokens and loses beyond. It returns fp32 partial products; the add + norm that follows
+(layers/norm.py) sums them with the bias and the residual in one pass, so the split adds no kernel,
+and the projection's output is never rounded to bf16.
 
     y = project_for_norm(x, linear)     # linear(x), or Partials on CUDA at <= max_tokens tokens
     x = add_norm(y, residual)           # AddLayerNorm / AddRMSNorm take either
     h = project(x, linear, "gelu")      # act(linear(x)): "none", "swiglu" or a config.json activation
 
-`max_tokens` and `gemm_max_tokens` (module attributes; from $ROSE_SPLITK_MAX_TOKENS and
-$ROSE_SMALL_GEMM_MAX_TOKENS, layers/switches.py) bound the token counts; the fused-kernel switch
-(layers/fused.py) turns both off with the other kernels.
+`max_tokens` and `gemm_max_tokens` (module attributes, read at each call: an experiment may patch
+them before an engine captures its graphs; 0 turns a kernel off) bound the token counts; the
+fused-kernel switch (layers/fused.py) turns both off with the other kernels.
 """
 from __future__ import annotations
 
@@ -23,11 +22,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from rose_backend.layers import fused, switches
+from rose_backend.layers import fused
 from rose_backend.layers.activation import GATED, gated, linear_act, silu_and_mul
 
-max_tokens = switches.splitk_max_tokens()
-gemm_max_tokens = switches.small_gemm_max_tokens()
+max_tokens = 256           # the largest token count whose `o` and `down` run split-K
+gemm_max_tokens = 128      # the largest whose gate/up runs the small-GEMM kernel with its SwiGLU epilogue
 _BK = 128
 
 
@@ -38,7 +37,8 @@ class Partials(NamedTuple):
 
 
 def splits_for(tokens: int, k: int) -> int:
-    """The split count the H200 sweep preferred: 4 for K >= 3072 (and K >= 2048 up to 128 tokens), else 2."""
+    """The split count: 4 for K >= 3072 (and K >= 2048 up to 128 tokens), else 2 (the fastest for
+    the served models' shapes on Hopper)."""
     return 4 if k >= 3072 or (tokens <= 128 and k >= 2048) else 2
 
 
@@ -57,8 +57,8 @@ def project(x: torch.Tensor, linear: nn.Module, act: str = "none") -> torch.Tens
     """act(linear(x)) for x [T, K] -> [T, N] ([T, N / 2] for the gated "swiglu", "geglu", "geglu_tanh":
     gate rows, then up rows); act is "none", a gated name or a config.json activation name. SwiGLU at <= gemm_max_tokens tokens on CUDA
     in bf16 / fp16 is one small-GEMM kernel with it in the epilogue (cuBLAS has no such epilogue: GEMM
-    then SiLU-and-mul); everything else is cuBLAS (a GELU in its epilogue), which the H200 sweep found
-    faster than the small-GEMM kernel for QKV and up + GELU at 128 tokens."""
+    then SiLU-and-mul); everything else is cuBLAS (a GELU in its epilogue), which beats the small-GEMM
+    kernel on QKV and on up + GELU."""
     t, k = x.shape
     if (act == "swiglu" and 0 < t <= gemm_max_tokens and fused.half_kernels(x) and x.stride(-1) == 1
             and k % 64 == 0 and type(linear) is nn.Linear and linear.weight.dtype == x.dtype):

@@ -5,10 +5,9 @@ projection's output. Imported only on CUDA (or under TRITON_INTERPRET=1 for the 
     # qkv [T, (Hq + 2 * Hkv) * D]: q and k columns normalised per head and rotated; v untouched
 
 Unfused, this is four kernels a layer (q norm, k norm, RoPE on q and k; flashinfer's), each reading
-and writing q or k once more: at 100 x 512 tokens on the pplx-embed shape they took 16 ms of a
-109 ms forward on the H200 (benchmarks/RESULTS-engine.md). Here each token's
-q and k heads are read once and written once. Numerics: float32 statistics, normalised value times
-the weight and rotated in float32 (the cos / sin table is float32), rounded once to the input dtype.
+and writing q or k once more. Here each token's q and k heads are read once and written once.
+Numerics: float32 statistics, normalised value times the weight and rotated in float32 (the cos /
+sin table is float32), rounded once to the input dtype.
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ with one lane.
 
 On the CPU (an engine whose step() runs the batch before it returns: one batch at a time, nothing
 in flight while the next is formed), a query arriving during a bulk batch waits for all of it,
-however many tokens it holds. So where `bulk_batch_ms` is on (auto: 100 ms on the CPU, off on a
-GPU, where batches overlap the host and it is refused):
+however many tokens it holds. So where `bulk_batch_ms` is on (auto: CPU_BULK_BATCH_MS on the CPU,
+off on a GPU, where batches overlap the host and it is refused):
     - a batch holds at most the bulk tokens that BatchCost, the engine's measured seconds per token,
       says fit in `bulk_batch_ms` (at least one sequence), whether or not queries are recent, the
       share of `bulk_min_share` included; and at most `bulk_batch_tokens` while queries are recent;
@@ -30,10 +30,8 @@ about `bulk_batch_ms` at a time, however large its request.
 Why small batches rather than one bulk batch in flight: a query then waits for the rest of one
 batch, one more and its own (about 3 x `bulk_batch_tokens` of device time), while two batches in
 flight keep the device busy. With one bulk batch in flight, the device idles while the host forms
-and launches the next (flashinfer's plan alone is 0.5-1.8 ms on the H200 host). On a modelled H200
-(BGE-M3 graph replays, 4 clients of 100 x 512 beside 50 queries a second of 1 x 128;
-`python -m rose_bench lanes --modelled-device`): 6144 tokens, query p99 about 25 ms and bulk at
-94.6-95.7% of its rate alone; 7168, 28 ms and 96%; one lane, 273 ms.
+and launches the next (flashinfer's plan of a batch alone is host work). `bulk_batch_tokens`
+trades the two: smaller batches shorten a query's wait, larger ones keep more of bulk's rate.
 
 LaneStats counts, per lane, the batches holding its sequences and each request's wait from
 admission to its first batch (a histogram of cumulative bucket counts, for Prometheus).

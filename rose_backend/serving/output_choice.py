@@ -2,7 +2,7 @@
 
 A request names its outputs (Triton's requested outputs) and gets exactly those, or an error naming
 the one it cannot have; nothing named is ever left out of the answer. What Triton hands a Python
-model (measured on Triton 2.51, tests/server/test_requested_outputs.py):
+model (Triton 2.51; tests/server/test_requested_outputs.py checks it):
   - a request naming no outputs arrives naming every output the model declares;
   - a request naming an output the model does not declare is refused by Triton itself (INVALID_ARG
     "unexpected inference output 'X' for model 'Y'"), before any model sees it;

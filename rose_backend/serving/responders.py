@@ -2,13 +2,13 @@
 
 Answering a request (the service's on_complete: Triton's `send`) takes a few hundred microseconds,
 most of it waiting on the server with the GIL released. Answered one after the other on the
-scheduler thread, the last request of a batch of 16 waited for 15 sends, and the next batch was
-launched only after all of them. `Responders(n, answer)` runs `answer(request)` on n threads:
+scheduler thread, the last request of a batch of n would wait for n - 1 sends, and the next batch
+would be launched only after all of them. `Responders(n, answer)` runs `answer(request)` on n threads:
 
     responders.hand(request)        # any thread; answered by one of the n threads, soon
     responders.stop()               # every request handed over so far is answered first
 
-What they buy under load: benchmarks/RESULTS-concurrency.md (`response_threads`).
+The `rose` parameter `response_threads` sets n.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-ENV = "ROSE_STAGE_TIMES"
+from rose_backend import env_vars
 
 
 class StageClock:
@@ -39,7 +39,7 @@ class StageClock:
 
     @classmethod
     def from_env(cls, name: str) -> "StageClock | None":
-        folder = os.environ.get(ENV, "")
+        folder = env_vars.ROSE_STAGE_TIMES.get()
         return cls(Path(folder) / f"{name}_{os.getpid()}.json") if folder else None
 
     @staticmethod

@@ -6,11 +6,10 @@ run whole holds back every request queued behind it. Two signs of that are watch
   queued);
 - concurrent traffic: a request arrived while another was still unanswered.
 After concurrent traffic no request runs whole for BATCH_HOLD_S, after a backlog for BACKLOG_HOLD_S,
-and the requests batch (benchmarks/RESULTS-concurrency.md, "Lone requests under concurrency"). A
-caller that sends its next request once it has its answer (one client at a time) shows neither,
-though on a fast host its next request and one Triton had queued come about as soon after the
-previous answer (H200 host, after `send` returned, p10-p90: 240-540 us and 180-300 us): the window
-is set below both, and the short hold keeps a rare early request from taking the next 100 ms of
+and the requests batch. A caller that sends its next request once it has its answer (one client at
+a time) shows neither, though on a fast host its next request and one Triton had queued come about
+as soon after the previous answer (a few hundred microseconds after `send` returned): the window is
+set below both, and the short hold keeps a rare early request from taking the next BATCH_HOLD_S of
 requests off the lone path. Under a real backlog, a request soon comes inside the window, and
 once requests are batched, concurrent traffic shows at every arrival.
 """

@@ -156,11 +156,11 @@ class RoseSettings(ModelSettings):
 
     def engine_fp8_min_tokens(self, cfg) -> int | None:
         """The engine's fp8_min_tokens for a model (ModelConfig): under dtype=fp8 the parameter, or
-        where it is 0 the crossover measured for the model's family; else None (no FP8)."""
+        where it is 0 the default crossover of the model's family (layers/fp8.py); else None (no FP8)."""
         if self.dtype != "fp8":
             return None
-        from rose_backend.layers.fp8 import measured_min_tokens
-        return self.fp8_min_tokens or measured_min_tokens(cfg)
+        from rose_backend.layers.fp8 import default_min_tokens
+        return self.fp8_min_tokens or default_min_tokens(cfg)
 
     @property
     def torch_dtype_name(self) -> str | None:

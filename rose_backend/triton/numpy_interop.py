@@ -10,20 +10,18 @@ itself is refused too, unless $ROSE_ALLOW_NUMPY2=1 says the Python backend was b
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-ALLOW_NUMPY2 = "ROSE_ALLOW_NUMPY2"
+from rose_backend import env_vars
 
 
 def check_numpy_interop(pb_utils, model: str) -> None:
-    if int(np.__version__.split(".")[0]) >= 2 and os.environ.get(ALLOW_NUMPY2, "") != "1":
+    if int(np.__version__.split(".")[0]) >= 2 and not env_vars.ROSE_ALLOW_NUMPY2.flag():
         raise pb_utils.TritonModelException(
             f"{model}: numpy {np.__version__} in the Python backend's stub. Triton 2.51's Python backend "
-            "sends numpy 2 output arrays empty: point ROSE_STUB_SITE at a folder holding numpy 1.26 "
-            f"(benchmarks/gpu/add_stub_numpy.sh), or set {ALLOW_NUMPY2}=1 with a Python backend built "
-            "for numpy 2.")
+            "sends numpy 2 output arrays empty: install numpy 1.26 into a folder of its own (pip install "
+            "--target DIR numpy==1.26.4) and start the server with ROSE_STUB_SITE=DIR, or set "
+            "ROSE_ALLOW_NUMPY2=1 with a Python backend built for numpy 2.")
     probe = np.arange(1, 6, dtype=np.int32)
     seen = pb_utils.Tensor("probe", probe).as_numpy()
     text = np.array([b"ab", b"cde"], dtype=np.object_)
@@ -32,6 +30,6 @@ def check_numpy_interop(pb_utils, model: str) -> None:
         raise pb_utils.TritonModelException(
             f"{model}: the Python backend passes numpy arrays incorrectly (sent {probe.tolist()}, read "
             f"{seen.tolist()}) with numpy {np.__version__}. Triton 2.51's Python backend needs numpy<2: "
-            "point ROSE_STUB_SITE at a folder holding numpy 1.26 (benchmarks/gpu/add_stub_numpy.sh), "
-            "or use a Triton build whose Python backend supports numpy 2.")
+            "install numpy 1.26 into a folder of its own (pip install --target DIR numpy==1.26.4) and start "
+            "the server with ROSE_STUB_SITE=DIR, or use a Triton build whose Python backend supports numpy 2.")
 

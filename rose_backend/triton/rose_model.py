@@ -41,6 +41,7 @@ from rose_backend.serving.service import EmbeddingService
 from rose_backend.serving.service_settings import ServiceSettings
 from rose_backend.serving.stage_clock import StageClock
 from rose_backend.serving.validation import RequestLimits, validate_token_types, validate_tokens
+from rose_backend.serving.whole_runs import BACKLOG_HOLD_S, BATCH_HOLD_S
 from rose_backend.serving.warmup import cap_gpu_memory, precapture_plan, query_lane_plan
 from rose_backend.triton.decoupled import DecoupledModel, send_final
 from rose_backend.triton.lane_metrics import lane_histograms, lane_series
@@ -299,8 +300,10 @@ _COUNTERS = {  # metric name -> (description, where the value comes from)
     "rose_whole_inline_requests_total": ("requests launched, waited for and answered inside execute() "
                                          "through the batch path", lambda m: m.service.stats.whole_inline),
     "rose_backlog_arrivals_total": ("requests that came within inline_backlog_us of execute() returning (Triton had "
-                                    "them queued): none is run whole for 10 ms", lambda m: m.service.whole_runs.backlogs),
-    "rose_concurrent_arrivals_total": ("requests that came while another was unanswered: none is run whole for 100 ms",
+                                    f"them queued): none is run whole for {BACKLOG_HOLD_S * 1e3:g} ms",
+                                    lambda m: m.service.whole_runs.backlogs),
+    "rose_concurrent_arrivals_total": ("requests that came while another was unanswered: none is run whole for "
+                                       f"{BATCH_HOLD_S * 1e3:g} ms",
                                        lambda m: m.service.whole_runs.concurrent_arrivals),
     "rose_graph_captures_refused_total": ("batches run eagerly because the graph pool had reached graph_memory_mb",
                                           lambda m: m.engine.stats.capture_refused),

@@ -8,11 +8,11 @@ there is one series per server, present from the first start on.
 from __future__ import annotations
 
 import logging
-import os
+
+from rose_backend import env_vars
 
 log = logging.getLogger(__name__)
 
-RESTARTS_VARIABLE = "ROSE_SERVER_RESTARTS"
 METRIC = "rose_server_restarts_total"
 EXPORTER = "rose_0_0"            # Triton's name of the `rose` model's first instance
 DESCRIPTION = "times the launcher restarted this tritonserver because one of its Python stubs died"
@@ -22,7 +22,7 @@ _exported: list = []             # the family and its metric, alive for as long 
 
 def restarts_from(env) -> int:
     try:
-        return max(0, int(env.get(RESTARTS_VARIABLE) or 0))
+        return max(0, env_vars.ROSE_SERVER_RESTARTS.integer(env))
     except ValueError:
         return 0
 
@@ -35,7 +35,7 @@ def export_restarts(instance: str | None, env=None) -> bool:
     import triton_python_backend_utils as pb_utils
     family = pb_utils.MetricFamily(name=METRIC, description=DESCRIPTION, kind=pb_utils.MetricFamily.COUNTER)
     metric = family.Metric(labels={})
-    count = restarts_from(os.environ if env is None else env)
+    count = restarts_from(env)
     if count:
         metric.increment(count)
     _exported.extend((family, metric))

@@ -39,6 +39,10 @@ def test_a_variant_it_cannot_run_is_refused_before_anything_runs(tmp_path, capsy
     assert e.value.code == 2
     assert "variant 'typo': unknown setting(s) ['atention', 'rose.count']" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "out"), "--variants", "pdl:engine.flashinfer_pdl=sometimes"])
+    assert "engine.flashinfer_pdl is one of default, on, off, got 'sometimes'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_trace_summary_says_how_much_of_the_query_kernels_time_shared_the_gpu_with_bulk():

@@ -106,12 +106,12 @@ def test_dtype_fp8_serves_within_the_gate_on_a_real_server(shipped_sentence_mode
 
 
 def test_fp8_threshold_defaults_to_the_crossover_measured_for_the_family(tmp_path):
-    from rose_backend.layers.fp8 import MEASURED_MIN_TOKENS
+    from rose_backend.layers.fp8 import DEFAULT_MIN_TOKENS
     from rose_backend.triton.model_settings import RoseSettings
     bert = ModelConfig.from_folder(make_folder("tiny-bert", tmp_path / "bert"))
     qwen = ModelConfig.from_folder(make_folder("tiny-qwen3", tmp_path / "qwen"))
     fp8 = RoseSettings.from_values({"dtype": "fp8"})
-    assert fp8.engine_fp8_min_tokens(bert) == MEASURED_MIN_TOKENS["encoder"] == 8192
-    assert fp8.engine_fp8_min_tokens(qwen) == MEASURED_MIN_TOKENS["decoder"] == 4096
+    assert fp8.engine_fp8_min_tokens(bert) == DEFAULT_MIN_TOKENS["encoder"] == 8192
+    assert fp8.engine_fp8_min_tokens(qwen) == DEFAULT_MIN_TOKENS["decoder"] == 4096
     assert RoseSettings.from_values({"dtype": "fp8", "fp8_min_tokens": "300"}).engine_fp8_min_tokens(qwen) == 300
     assert RoseSettings.from_values({"fp8_min_tokens": "300"}).engine_fp8_min_tokens(qwen) is None   # bf16: none

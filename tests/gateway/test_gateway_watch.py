@@ -21,7 +21,7 @@ from rose_backend.launch.connections import children
 
 def gateway_pid(run: LauncherRun) -> int:
     """The gateway process the launcher started (its workers are the gateway's own children)."""
-    pids = [p for p in children(run.proc.pid) if "rose_gateway" in leftovers.processes([run.prefix]).get(p, "")]
+    pids = [p for p in children(run.proc.pid) if "rose_gateway" in leftovers.processes(run.prefixes).get(p, "")]
     assert len(pids) == 1, (pids, run.processes())
     return pids[0]
 
@@ -95,7 +95,7 @@ def test_another_listener_on_the_gateway_port_stops_the_launch(launch):
         code = launch.proc.wait(60)
     assert code == 1, launch.output
     assert f"another process now also listens on port {launch.gateway_port} (gateway)" in "".join(launch.lines[seen:])
-    procs, segs = leftovers.wait_gone([launch.prefix], 10.0)
+    procs, segs = leftovers.wait_gone(launch.prefixes, 10.0)
     assert not procs and not segs, (procs, segs)
 
 
@@ -116,5 +116,5 @@ def test_a_gateway_that_keeps_dying_stops_everything(tmp_path):
         assert code == 1, run.output
         assert "4 exits within 60 s; stopping" in run.output
         assert not [f for f in folders if f.exists()]       # no killed gateway's worker state is left
-        procs, segs = leftovers.wait_gone([run.prefix], 10.0)
+        procs, segs = leftovers.wait_gone(run.prefixes, 10.0)
         assert not procs and not segs, (procs, segs)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from rose_backend import env_vars
 from rose_backend.config import ModelConfig
 from rose_backend.engine.batch import PackedBatch
 from rose_backend.engine.engine import Engine
 from rose_backend.engine.options import EngineOptions
-from rose_backend.layers import switches
 from rose_backend.layers.attention import (AttentionMetadata, AttentionShape, available_backends,
                                            make_backend)
 from rose_testing.folders import make_folder
@@ -57,7 +57,7 @@ def test_backends_match_reference(shape):
     ref_be = make_backend("sdpa_loop", AttentionShape(shape.num_heads, shape.num_kv_heads, shape.head_dim,
                                                       torch.float32, shape.causal), "cuda")
     names = [n for n in available_backends(shape, "cuda") if n != "sdpa_loop"]
-    assert "torch_varlen" in names or "torch_varlen" in switches.attention_excluded()
+    assert "torch_varlen" in names or "torch_varlen" in env_vars.ROSE_ATTENTION_EXCLUDE.names()
     rng = np.random.default_rng(0)
     for lens in ([7], [1, 130, 0, 64, 513, 0], list(rng.integers(1, 300, size=20)) + [0, 0]):
         lens = np.array(lens, dtype=np.int32)

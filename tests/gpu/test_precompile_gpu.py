@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rose_backend.layers import switches
+from rose_backend import env_vars
 from rose_backend.launch.supervision import cache_env
 from rose_testing.folders import make_folder
 
@@ -80,7 +80,7 @@ def test_a_precompiled_folder_serves_without_compiling(gpu_tmp, tmp_path):
     record = json.loads((cache / "precompile.json").read_text())
     modules = record["flashinfer"]["modules"]
     # fa3 on Hopper, unless $ROSE_ATTENTION_EXCLUDE leaves it out (a run with another backend forced)
-    fa3 = torch.cuda.get_device_capability(0)[0] == 9 and "flashinfer_fa3" not in switches.attention_excluded()
+    fa3 = torch.cuda.get_device_capability(0)[0] == 9 and "flashinfer_fa3" not in env_vars.ROSE_ATTENTION_EXCLUDE.names()
     assert {m["kind"] for m in modules} >= {"silu_and_mul"} and (not fa3 or
                                                                   any(m["backend"] == "fa3" for m in modules))
     fi_root = cache / "flashinfer" / ".cache" / "flashinfer"

@@ -78,5 +78,5 @@ def test_a_killed_rose_stub_frees_its_memory_and_comes_back():
             assert after_apps.get(new[0], 0) >= 0.8 * before_apps[rose[0]], (before_apps, after_apps)
         code, _ = run.terminate()
         assert code == 0, run.output[-3000:]
-        procs, segs = leftovers.wait_gone([run.prefix], 10.0)
+        procs, segs = leftovers.wait_gone(run.prefixes, 10.0)
         assert not procs and not segs, (procs, segs)

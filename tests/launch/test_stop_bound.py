@@ -100,7 +100,7 @@ def stop_and_check(run: LauncherRun, bound: float, busy: Stream | None = None, s
         assert all(e is None for _, e in answers), [str(e) for _, e in answers if e is not None]
     assert code == 0, run.output[-3000:]
     assert seconds <= bound, (seconds, run.output[-3000:])
-    procs, segs = leftovers.wait_gone([run.prefix], 10.0)
+    procs, segs = leftovers.wait_gone(run.prefixes, 10.0)
     assert not procs and not segs, (procs, segs)
     return seconds
 
@@ -221,6 +221,6 @@ def sigterm_once_tritonserver_is_ready(repo, drain: float) -> str:
                 stream.close()
         assert code == 0, run.output[-3000:]
         assert seconds <= drain + 5, (seconds, run.output[-3000:])
-        procs, segs = leftovers.wait_gone([run.prefix], 10.0)
+        procs, segs = leftovers.wait_gone(run.prefixes, 10.0)
         assert not procs and not segs, (procs, segs)
         return run.output

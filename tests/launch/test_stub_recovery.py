@@ -155,5 +155,5 @@ def test_a_second_death_within_the_window_stops_the_launcher(deployment):
     assert re.search(r"rose: the Python stub of model 'rose' \(instance rose_0_0, pid \d+\) of tritonserver on port "
                      rf"\d+ died [0-9.]+ s after a restarted server served again \(a second stub death within "
                      rf"{WINDOW_S:g} s\); stopping, for a supervisor to replace this deployment", out), out[-3000:]
-    procs, segs = leftovers.wait_gone([run.prefix], 10.0)
+    procs, segs = leftovers.wait_gone(run.prefixes, 10.0)
     assert not procs and not segs, (procs, segs)

@@ -8,6 +8,7 @@ free loopback ports, its output read as it comes; tests/support/leftovers.py wat
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from support import leftovers
 from support.ports import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
+_RUNS = itertools.count()
 
 
 class LauncherRun:
@@ -31,10 +33,12 @@ class LauncherRun:
                "--http-port", str(self.ports.http), "--metrics-port", str(self.ports.metrics),
                "--gateway-port", str(self.gateway_port), *args]
         full_env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "ADMIN_KEY", "MAKELEVEL")}
+        self.owner = f"{leftovers.SESSION}launch{next(_RUNS)}_"    # what this launch starts inherits it
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**full_env, **(env or {})})
+                                     env={**full_env, **(env or {}), leftovers.OWNER: self.owner})
         leftovers.track(self.proc.pid)
-        self.prefix = f"rose_{self.proc.pid}_"
+        self.prefix = f"rose_{self.proc.pid}_"                  # its servers' shared-memory prefix
+        self.prefixes = (self.prefix, self.owner)               # what leftovers finds its processes by
         self.lines: list[str] = []
         self._new = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -73,7 +77,7 @@ class LauncherRun:
 
     def processes(self) -> dict[int, str]:
         """{pid: command line} of what this launch started (its servers, stubs, gateway and workers)."""
-        return leftovers.processes([self.prefix])
+        return {p: c for p, c in leftovers.processes(self.prefixes).items() if p != self.proc.pid}
 
     def terminate(self, timeout: float = 60.0) -> tuple[int, float]:
         """SIGTERM; (exit code, seconds to exit)."""
@@ -89,4 +93,4 @@ class LauncherRun:
         if self.proc.poll() is None:
             self.proc.kill()                      # its servers and gateway die with it (PR_SET_PDEATHSIG)
         self.proc.wait()
-        leftovers.remove(*leftovers.wait_gone([self.prefix], 10.0))
+        leftovers.remove(*leftovers.wait_gone(self.prefixes, 10.0))

@@ -10,7 +10,7 @@ import torch
 from rose_backend.config import ModelConfig
 from rose_backend.engine.memory_budget import MIB
 from rose_backend.engine.options import EngineOptions
-from rose_backend.layers.fp8 import measured_min_tokens
+from rose_backend.layers.fp8 import default_min_tokens
 from rose_backend.triton.engine_options import engine_options, query_options
 from rose_backend.triton.model_settings import RoseSettings
 
@@ -32,7 +32,7 @@ def test_every_engine_parameter_reaches_the_options():
                               max_tokens=max(4096, cfg.max_positions), max_seqs=16, max_inflight=3,
                               graph_memory_cap_bytes=None, memory_limit_bytes=2048 * MIB)
     fp8 = engine_options(RoseSettings(dtype="fp8"), cfg, "cpu")        # default activations, FP8 GEMMs
-    assert fp8.dtype is None and fp8.fp8_min_tokens == measured_min_tokens(cfg)
+    assert fp8.dtype is None and fp8.fp8_min_tokens == default_min_tokens(cfg)
 
 
 def test_the_query_lane_takes_the_main_options_less_what_the_main_engine_holds():
