@@ -145,8 +145,8 @@ class EmbeddingClient:
                           lane: str | None = None) -> list[np.ndarray] | Counted:
         """Late chunking: each document given as its consecutive chunks (a list of strings, joined as
         given) runs through the model once; per document a float32 [n_chunks, D] array, each chunk's
-        vector pooled over its own tokens in the whole document's forward pass (README, "Late
-        chunking"). counts=True: a Counted with each chunk's own token counts as well. Documents are
+        vector pooled over its own tokens in the whole document's forward pass (docs/API.md,
+        "Late chunking"). counts=True: a Counted with each chunk's own token counts as well. Documents are
         never split over requests; several go in one while they fit the token budget."""
         ask = LateChunksAsk(documents, counts)
         return self._run_sync(self.text_model(ask), document_chunks(self, documents, task, Chunk), ask.n_chunks, ask,
