@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import struct
 import time
@@ -249,13 +250,14 @@ def test_a_client_that_half_closes_after_its_request_is_answered(gw):
     the half-close is not answered (there is nothing whole to answer) and the connection closes."""
     one = request("/v1/embeddings", json.dumps({"input": "half closed"}).encode())
     models = request("/v1/models", method="GET")
-    for data, statuses in ((one, [200]), (models, [200]), (one + one, [200, 200])):
+    for data, answers in ((one, 1), (models, 1), (one + one, 2)):
         with connect(gw) as s:
             s.sendall(data)
             s.shutdown(socket.SHUT_WR)
-            got = [read_response(s)[0] for _ in statuses]
-            assert got == statuses
-            assert s.recv(1) == b""                     # then closed by the gateway
+            stream = b""
+            while chunk := s.recv(65536):                # until the gateway closes (both answers may come in one read)
+                stream += chunk
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", stream) == [b"200"] * answers, stream[:600]
     with connect(gw) as s:
         s.sendall(request("/v1/embeddings", headers={"Content-Length": "1000"}) + b'{"input": "')
         s.shutdown(socket.SHUT_WR)
