@@ -76,7 +76,7 @@ def http_load(address: str, path: str, bodies: list[bytes], clients: int, second
     procs_n = max(1, min(processes, clients))
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    start_at = time.time() + 1.0 + 0.05 * procs_n                 # every process up before it starts
+    start_at = time.time() + 0.6 + 0.1 * procs_n                  # every process up before it starts
     stop_at = start_at + seconds
     share = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
     procs = [ctx.Process(target=_process, args=(address, requests, n, sum(share[:i]), start_at, stop_at, out))
