@@ -23,18 +23,17 @@ class Variable:
         return (os.environ if env is None else env).get(self.name) or self.default
 
     def integer(self, env: Mapping[str, str] | None = None) -> int:
-        value = self.get(env)
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"${self.name} must be an integer, got {value!r}") from None
+        return self._as(int, "an integer", env)
 
     def number(self, env: Mapping[str, str] | None = None) -> float:
+        return self._as(float, "a number", env)
+
+    def _as(self, kind, what: str, env: Mapping[str, str] | None):
         value = self.get(env)
         try:
-            return float(value)
+            return kind(value)
         except ValueError:
-            raise ValueError(f"${self.name} must be a number, got {value!r}") from None
+            raise ValueError(f"${self.name} must be {what}, got {value!r}") from None
 
     def flag(self, env: Mapping[str, str] | None = None) -> bool:
         """1 / true / yes / on (any case) is true; anything else false."""

@@ -27,7 +27,7 @@ from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.memory_budget import check_fits, device_limit, engine_budget
 from rose_backend.engine.lone import LonePath
 from rose_backend.engine.options import EngineOptions
-from rose_backend.engine.staging import DeviceViews, Layout, Slot, stage
+from rose_backend.engine.staging import DeviceViews, Layout, Slot, SlotRing, stage
 from rose_backend.engine.stats import EngineStats
 from rose_backend.engine.streams import EngineStream
 from rose_backend.layers.attention import (AttentionBackend, AttentionMetadata, available_backends, backend_class,
@@ -104,8 +104,7 @@ class Engine:
         self._arange = np.arange(tb, dtype=np.int32)             # positions of a lone sequence
         self._views: dict[Key, DeviceViews] = {}
         self.last_key: tuple | None = None       # graph key of the last bucketed batch (tools)
-        self._slots = [Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(o.max_inflight + 1)]
-        self._next_slot = 0
+        self._slots = SlotRing([Slot(words, sb + 1, cfg.embedding_dim, cuda) for _ in range(o.max_inflight + 1)])
         self.stats = EngineStats()
         self.mark_stages = False                 # True: step() leaves its stage times in last_marks
         self.last_marks: list[tuple[str, int]] = []
@@ -176,7 +175,7 @@ class Engine:
         st.tokens += t
         st.sequences += s
         self.last_marks = marks = [] if self.mark_stages else None
-        slot = self._take_slot()
+        slot = self._slots.take()
         key = self.graphs.key_for(s, t) if self.graphs_on else None
         try:
             with torch.inference_mode():
@@ -210,13 +209,6 @@ class Engine:
         if marks is not None:
             marks.append(("copy_queued", time.perf_counter_ns()))
         return lt
-
-    def _take_slot(self) -> Slot:
-        slot = self._slots[self._next_slot]
-        self._next_slot = (self._next_slot + 1) % len(self._slots)
-        if slot.lt is not None and not slot.lt.done:
-            slot.lt.detach()      # caller holds more than max_inflight handles; also: staging read
-        return slot
 
     def _run_static(self, batch: PackedBatch, key: Key, slot: Slot, marks: list | None = None,
                     want: frozenset = frozenset()):

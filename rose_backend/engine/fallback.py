@@ -31,7 +31,7 @@ from rose_backend.engine.graph_cache import GraphCache, pick
 from rose_backend.engine.lazy_tensor import LazyTensor
 from rose_backend.engine.memory_budget import MemoryBudget, check_fits, device_limit, safetensors_shapes
 from rose_backend.engine.options import EngineOptions
-from rose_backend.engine.staging import Slot
+from rose_backend.engine.staging import Slot, SlotRing
 from rose_backend.engine.stats import EngineStats
 from rose_backend.models.m3_heads import HeadsMissing
 from rose_backend.models.pooling import pool_rows
@@ -89,8 +89,7 @@ class FallbackEngine:
         self.chain = SentenceHead.from_chain(cfg.chain, self.device)
         self.heads = self.head = None
         cuda = self.device.type == "cuda"
-        self._slots = [Slot(1, self.graphs.s_buckets[-1] + 1, cfg.embedding_dim, cuda) for _ in range(o.max_inflight + 1)]
-        self._next_slot = 0
+        self._slots = SlotRing([Slot(1, self.graphs.s_buckets[-1] + 1, cfg.embedding_dim, cuda) for _ in range(o.max_inflight + 1)])
         self._static: dict[tuple, Padded] = {}
         self.stats = EngineStats()
         self.lone = NoLonePath()
@@ -121,7 +120,7 @@ class FallbackEngine:
                                f"{self.cfg.model_dir} has no sparse_linear / colbert_linear heads")
         st = self.stats
         st.batches, st.tokens, st.sequences = st.batches + 1, st.tokens + batch.num_tokens, st.sequences + s
-        slot = self._take_slot()
+        slot = self._slots.take()
         with torch.inference_mode():
             out = torch.empty(s, self.embedding_dim, dtype=torch.float32, device=self.device)
             hidden = torch.empty(batch.num_tokens, self.cfg.hidden_size, dtype=torch.float32,
@@ -140,13 +139,6 @@ class FallbackEngine:
                                    extras=extras, static=False)        # out and hidden: this step's own
         slot.lt = lt
         return lt
-
-    def _take_slot(self) -> Slot:
-        slot = self._slots[self._next_slot]
-        self._next_slot = (self._next_slot + 1) % len(self._slots)
-        if slot.lt is not None and not slot.lt.done:
-            slot.lt.detach()
-        return slot
 
     def _groups(self, lens: np.ndarray) -> list[np.ndarray]:
         """The batch's sequences (indices) in micro-batches: longest first, rows x padded length within

@@ -99,6 +99,27 @@ class Slot:
         return out
 
 
+class SlotRing:
+    """The engine's ring of Slots, taken in turn: max_inflight + 1, so that a caller holding at most
+    max_inflight handles never finds its next slot busy (one that is, is detached first)."""
+
+    def __init__(self, slots: list[Slot]):
+        self._slots, self._next = slots, 0
+
+    def take(self) -> Slot:
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % len(self._slots)
+        if slot.lt is not None and not slot.lt.done:
+            slot.lt.detach()      # the caller holds more than max_inflight handles; also: staging read
+        return slot
+
+    def __iter__(self):
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+
 class DeviceViews:
     """Device views of one configuration into the engine's static input buffer."""
     __slots__ = ("ids", "pos", "seq", "cu", "inv", "words", "layout", "inputs")
